@@ -1,0 +1,1 @@
+"""cramnas: views over search results."""

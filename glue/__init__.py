@@ -1,0 +1,1 @@
+"""cramnas: GLUE transfer of crammed checkpoints."""

@@ -1,0 +1,1 @@
+"""cramnas: the architecture search loop."""

@@ -1,0 +1,189 @@
+"""`ArchConfig`: the one contract between the search and the model.
+
+Every model shape cramnas can build is one frozen `ArchConfig`. The search space draws them, the
+trainer builds `trainer.model.CrammedBert` from them, MLflow logs them flat, and `fingerprint()`
+names them. Parameter and FLOP counts are computed here analytically (no torch), so the search
+space can constrain on them before anything is built; a test checks they equal the real model's.
+
+Defaults are Cramming's final `crammed-bert` recipe (Geiping & Goldstein, 2022) at BERT-base width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+# The choices of each categorical knob. `trainer.model` keeps one registry per knob with exactly
+# these keys (a test checks they agree), so adding a variant means one entry here and one there.
+FFN_KINDS = ("gelu", "relu", "relu2", "silu", "geglu", "swiglu", "reglu")
+GATED_FFN_KINDS = ("geglu", "swiglu", "reglu")
+NORM_KINDS = ("layernorm", "rmsnorm")
+NORM_PLACEMENTS = ("pre", "post", "sandwich")
+POSITIONS = ("learned", "sinusoidal", "scaled_sinusoidal", "rotary", "alibi", "none")
+CHOICES: dict[str, tuple[str, ...]] = {
+    "ffn_kind": FFN_KINDS,
+    "norm_kind": NORM_KINDS,
+    "norm_placement": NORM_PLACEMENTS,
+    "position": POSITIONS,
+}
+
+# Fraction of tokens whose vocabulary logits are computed under sparse prediction: Cramming's MLM
+# masking rate. Only used to count decoder FLOPs; the trainer's own rate is a training setting.
+DEFAULT_MLM_RATE = 0.25
+
+
+class ArchError(ValueError):
+    """An impossible architecture; the message names the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    layers: int = 16
+    hidden: int = 768
+    heads: int = 12
+    # FFN width as a multiple of `hidden`. Gated kinds (geglu, swiglu, reglu) have three matrices
+    # instead of two, so their inner width is 2/3 of that (rounded to a multiple of 8): every
+    # ffn_kind then has the same parameter count at the same ffn_mult. Cramming's GLU with
+    # intermediate_size 3072 (split into two 1536 halves) is ffn_mult=3 here.
+    ffn_mult: float = 4.0
+    ffn_kind: str = "geglu"
+    norm_kind: str = "layernorm"
+    norm_placement: str = "pre"
+    norm_eps: float = 1e-12
+    final_norm: bool = True
+    embedding_norm: bool = True
+    qkv_bias: bool = False
+    attn_out_bias: bool = False
+    ffn_bias: bool = False  # also the bias of the head transform's dense layer
+    norm_bias: bool = True
+    decoder_bias: bool = False
+    position: str = "scaled_sinusoidal"
+    segment_embeddings: bool = False  # BERT's token-type embeddings (2 types)
+    tie_embeddings: bool = True
+    head_transform: bool = False  # BERT's dense + GELU + norm before the decoder
+    sparse_prediction: bool = True  # vocabulary logits only at masked positions
+    init_std: float = 0.02
+    max_seq_len: int = 128
+    vocab_size: int = 32768
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "bool" and not isinstance(value, bool):
+                raise ArchError(f"{f.name}: expected true or false, got {value!r}")
+            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ArchError(f"{f.name}: expected an integer, got {value!r}")
+            if f.type == "float":
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ArchError(f"{f.name}: expected a number, got {value!r}")
+                object.__setattr__(self, f.name, float(value))
+            if f.type == "str" and value not in CHOICES[f.name]:
+                raise ArchError(f"{f.name}: {value!r} is not one of {', '.join(CHOICES[f.name])}")
+        for name in ("layers", "hidden", "heads", "max_seq_len", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ArchError(f"{name}: must be at least 1, got {getattr(self, name)}")
+        for name in ("ffn_mult", "norm_eps", "init_std"):
+            if getattr(self, name) <= 0:
+                raise ArchError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.hidden % self.heads:
+            raise ArchError(f"heads: hidden={self.hidden} is not divisible by heads={self.heads}; "
+                            f"choose heads that divide hidden")
+        if self.position == "rotary" and self.head_dim % 2:
+            raise ArchError(f"position: rotary needs an even head dim, got hidden/heads={self.head_dim}")
+        if self.position in ("sinusoidal", "scaled_sinusoidal") and self.hidden % 2:
+            raise ArchError(f"position: {self.position} needs an even hidden size, got {self.hidden}")
+        if self.vocab_size < 5:
+            raise ArchError(f"vocab_size: must hold at least the 5 BERT special tokens, got {self.vocab_size}")
+
+    # ---- derived shape -------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def gated(self) -> bool:
+        return self.ffn_kind in GATED_FFN_KINDS
+
+    @property
+    def ffn_inner(self) -> int:
+        """Width of the FFN's inner activation (see `ffn_mult` for the gated rule)."""
+        width = self.ffn_mult * self.hidden
+        if self.gated:
+            return max(8, 8 * round(width * 2 / 3 / 8))
+        return max(1, round(width))
+
+    @property
+    def norms_per_layer(self) -> int:
+        return 4 if self.norm_placement == "sandwich" else 2
+
+    # ---- counts ----------------------------------------------------------------------------
+    def num_params(self) -> int:
+        """Trainable parameters (tied embeddings counted once); equals the built model's count."""
+        h, v, i = self.hidden, self.vocab_size, self.ffn_inner
+        norm = h * (2 if self.norm_bias else 1)
+        embed = v * h + (self.max_seq_len * h if self.position == "learned" else 0)
+        embed += 1 if self.position == "scaled_sinusoidal" else 0  # the learned scale
+        embed += 2 * h if self.segment_embeddings else 0
+        embed += norm if self.embedding_norm else 0
+        attn = 3 * h * h + (3 * h if self.qkv_bias else 0) + h * h + (h if self.attn_out_bias else 0)
+        up = 2 * i if self.gated else i
+        ffn = h * up + i * h + ((up + h) if self.ffn_bias else 0)
+        layer = attn + ffn + self.norms_per_layer * norm
+        head = (h * h + (h if self.ffn_bias else 0) + norm) if self.head_transform else 0
+        head += norm if self.final_norm else 0
+        decoder = (0 if self.tie_embeddings else v * h) + (v if self.decoder_bias else 0)
+        return embed + self.layers * layer + head + decoder
+
+    def flops_per_token(self, seq_len: int | None = None, mlm_rate: float = DEFAULT_MLM_RATE) -> float:
+        """Training FLOPs per input token: forward + backward = 3 x forward (Kaplan et al. 2020).
+
+        Forward counts 2 FLOPs per multiply-add of every matmul: the layer weights, the attention
+        scores and their weighted sum (2 x seq_len x hidden each), the head transform and the
+        vocabulary projection. Under sparse prediction the head runs on `mlm_rate` of the tokens
+        only. Embedding lookups, norms, activations and softmax are ignored (<2%).
+        """
+        t = seq_len or self.max_seq_len
+        h, i = self.hidden, self.ffn_inner
+        up = 2 * i if self.gated else i
+        layer = 2 * (4 * h * h + h * up + i * h) + 2 * 2 * t * h
+        predicted = mlm_rate if self.sparse_prediction else 1.0
+        head = predicted * (2 * h * h * self.head_transform + 2 * h * self.vocab_size)
+        return 3.0 * (self.layers * layer + head)
+
+    def derived(self) -> dict[str, float]:
+        """Quantities a search-space constraint may name besides the fields themselves."""
+        return {
+            "params_millions": self.num_params() / 1e6,
+            "head_dim": self.head_dim,
+            "ffn_inner": self.ffn_inner,
+            "flops_per_token": self.flops_per_token(),
+            "gflops_per_token": self.flops_per_token() / 1e9,
+        }
+
+    # ---- serialisation -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ArchConfig:
+        if not isinstance(data, dict):
+            raise ArchError(f"architecture: expected a mapping of fields, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ArchError(f"{unknown[0]}: unknown architecture field; allowed: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> ArchConfig:
+        return dataclasses.replace(self, **changes)
+
+    def fingerprint(self) -> str:
+        """Short stable hash of every field: same in every process and Python hash seed."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+FIELD_TYPES: dict[str, str] = {f.name: f.type for f in fields(ArchConfig)}

@@ -1,0 +1,174 @@
+"""CrammedBert: every variant builds and trains, counts are right, and original-BERT is BERT."""
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from space.arch import CHOICES, FIELD_TYPES, ArchConfig
+from trainer import model as M
+from trainer.hf_compat import ORIGINAL_BERT, from_hf_bert
+
+TINY = ArchConfig(layers=2, hidden=32, heads=4, vocab_size=64, max_seq_len=24, ffn_mult=2.0)
+
+
+def variants() -> list:
+    """TINY with each categorical choice and each flipped boolean, one knob at a time."""
+    out = []
+    for field, options in CHOICES.items():
+        for option in options:
+            out.append(pytest.param(TINY.replace(**{field: option}), id=f"{field}={option}"))
+    for field, kind in FIELD_TYPES.items():
+        if kind == "bool":
+            flipped = not getattr(TINY, field)
+            out.append(pytest.param(TINY.replace(**{field: flipped}), id=f"{field}={flipped}"))
+    return out
+
+
+def batch(arch, b=3, t=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, arch.vocab_size, (b, t), generator=g)
+    labels = torch.full_like(ids, -100)
+    picked = torch.rand(b, t, generator=g) < 0.25
+    picked[:, 0] = True  # at least one predicted token per row
+    labels[picked] = ids[picked]
+    return ids, labels
+
+
+def test_registries_cover_every_choice():
+    assert set(M.FFNS) == set(CHOICES["ffn_kind"])
+    assert set(M.NORMS) == set(CHOICES["norm_kind"])
+    assert set(M.RESIDUALS) == set(CHOICES["norm_placement"])
+    assert set(M.POSITIONS) == set(CHOICES["position"])
+
+
+@pytest.mark.parametrize("arch", variants())
+def test_variant_trains_with_finite_gradients(arch):
+    torch.manual_seed(0)
+    model = M.CrammedBert(arch)
+    ids, labels = batch(arch)
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    logits, loss = model(ids, labels=labels, attention_mask=mask)
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert sum(g.abs().sum() for g in grads) > 0
+    assert model.num_params() == arch.num_params()  # the analytic count the search constrains on
+
+
+@pytest.mark.parametrize("position", CHOICES["position"])
+@pytest.mark.parametrize("placement", CHOICES["norm_placement"])
+def test_fully_padded_row_gives_no_nan(position, placement):
+    arch = TINY.replace(position=position, norm_placement=placement)
+    model = M.CrammedBert(arch).eval()
+    ids, _ = batch(arch, b=2)
+    mask = torch.ones_like(ids)
+    mask[0] = 0  # a row with nothing to attend to
+    hidden = model.encode(ids, attention_mask=mask)
+    assert torch.isfinite(hidden).all()
+
+
+def test_padding_does_not_change_unpadded_tokens():
+    model = M.CrammedBert(TINY).eval()
+    ids, _ = batch(TINY, b=1, t=10)
+    padded = torch.cat([ids, torch.zeros(1, 6, dtype=torch.long)], dim=1)
+    mask = torch.cat([torch.ones(1, 10), torch.zeros(1, 6)], dim=1).long()
+    short = model.encode(ids)
+    long = model.encode(padded, attention_mask=mask)[:, :10]
+    torch.testing.assert_close(short, long, atol=1e-5, rtol=1e-5)
+
+
+def test_sparse_prediction_equals_dense_logits_at_masked_positions():
+    model = M.CrammedBert(TINY).eval()
+    ids, labels = batch(TINY)
+    sparse_logits, sparse_loss = model(ids, labels=labels)
+    dense_model = M.CrammedBert(TINY.replace(sparse_prediction=False)).eval()
+    dense_model.load_state_dict(model.state_dict())
+    dense_logits, dense_loss = dense_model(ids, labels=labels)
+    assert sparse_logits.shape == (int((labels != -100).sum()), TINY.vocab_size)
+    torch.testing.assert_close(sparse_logits, dense_logits[labels != -100])
+    torch.testing.assert_close(sparse_loss, dense_loss)
+
+
+def test_rotary_scores_depend_only_on_relative_position():
+    arch = TINY.replace(position="rotary")
+    rotary = M.RotaryPositions(arch)
+    g = torch.Generator().manual_seed(1)
+    u, w = torch.randn(arch.head_dim, generator=g), torch.randn(arch.head_dim, generator=g)
+
+    def score(i, j):
+        q = torch.zeros(1, 1, arch.max_seq_len, arch.head_dim)
+        k = torch.zeros_like(q)
+        q[0, 0, i], k[0, 0, j] = u, w
+        q, k = rotary.rotate(q, k)
+        return float(q[0, 0, i] @ k[0, 0, j])
+
+    for i, j in [(0, 3), (5, 2), (7, 7)]:
+        for shift in (1, 4, 11):
+            assert score(i, j) == pytest.approx(score(i + shift, j + shift), abs=1e-5)
+    assert score(0, 3) != pytest.approx(score(0, 5), abs=1e-3)  # but it does see the distance
+
+
+def test_alibi_bias_depends_only_on_relative_position():
+    alibi = M.AlibiPositions(TINY.replace(position="alibi")).attention_bias(20)
+    for shift in (1, 5):
+        torch.testing.assert_close(alibi[:, :-shift, :-shift], alibi[:, shift:, shift:])
+    assert (alibi[:, 0, 1] < 0).all() and (alibi[:, 0, 2] < alibi[:, 0, 1]).all()
+    assert torch.equal(alibi, alibi.transpose(1, 2))  # bidirectional: symmetric
+
+
+def test_gated_ffn_width_keeps_parameter_count_comparable():
+    plain, gated = TINY.replace(ffn_kind="gelu", hidden=96, heads=4), TINY.replace(ffn_kind="swiglu", hidden=96, heads=4)
+    ffn = lambda arch: sum(p.numel() for p in M.FFNS[arch.ffn_kind](arch).parameters())
+    assert abs(ffn(gated) - ffn(plain)) / ffn(plain) < 0.02
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_flops_formula_matches_counted_matmul_flops(sparse):
+    arch = ArchConfig(layers=2, hidden=64, heads=4, vocab_size=512, max_seq_len=32, sparse_prediction=sparse,
+                      head_transform=True)
+    model = M.CrammedBert(arch)
+    ids = torch.randint(5, arch.vocab_size, (4, 32))
+    labels = torch.full_like(ids, -100)
+    labels[:, ::4] = ids[:, ::4]  # exactly 25% predicted
+    with FlopCounterMode(display=False) as counter:
+        model(ids, labels=labels)
+    # FlopCounterMode does not see SDPA's CPU kernel: add its QK^T and AV, 2*T*h FLOPs each.
+    attention = arch.layers * 2 * (2 * 32 * arch.hidden)
+    forward_per_token = counter.get_total_flops() / ids.numel() + attention
+    assert model.flops_per_token(32, mlm_rate=0.25) / 3 == pytest.approx(forward_per_token, rel=0.02)
+
+
+@pytest.mark.parametrize("padding", [False, True])
+def test_original_bert_matches_transformers(padding):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=120, hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                     intermediate_size=192, max_position_embeddings=40)
+    hf = transformers.BertForMaskedLM(config).eval()
+    ours = from_hf_bert(hf).eval()
+    assert all(getattr(ours.arch, k) == v for k, v in ORIGINAL_BERT.items())
+    ids = torch.randint(5, 120, (4, 24))
+    mask = torch.ones_like(ids)
+    if padding:
+        mask[1, 15:] = 0
+        mask[3, 4:] = 0
+    types = torch.zeros_like(ids)
+    types[:, 12:] = 1
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+        logits, _ = ours(ids, attention_mask=mask, token_type_ids=types)
+    keep = mask.bool()
+    torch.testing.assert_close(logits[keep], expected[keep], atol=1e-5, rtol=0)
+    assert ours.num_params() == sum(p.numel() for p in hf.parameters())
+
+
+def test_dropout_only_in_training():
+    model = M.CrammedBert(TINY, dropout=0.5)
+    ids, _ = batch(TINY)
+    model.eval()
+    torch.testing.assert_close(model.encode(ids), model.encode(ids))
+    model.train()
+    assert not torch.allclose(model.encode(ids), model.encode(ids))
+

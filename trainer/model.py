@@ -1,0 +1,378 @@
+"""CrammedBert: every BERT variant the search space can draw, built from one `ArchConfig`.
+
+Each knob of the architecture is a small module picked from a registry (positions, norms, FFNs,
+residual placement), so `forward` reads like the paper whatever the variant:
+
+    x = embed(tokens) -> [x = attention_residual(x); x = ffn_residual(x)] * layers -> final norm
+    logits = decoder(head_transform(x[masked]))        # sparse prediction: masked rows only
+
+With post-norm, learned positions, all biases, GELU, head transform, embedding norm, segment
+embeddings and dense prediction it is the original BERT, and `trainer.hf_compat` loads a
+`transformers.BertForMaskedLM` state dict into it with identical outputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from space.arch import ArchConfig
+
+# ---------------------------------------------------------------------------------------------
+# Norms
+# ---------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm (Zhang & Sennrich 2019), with an optional bias so `norm_bias` means one thing."""
+
+    def __init__(self, dim: int, eps: float, bias: bool):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return x if self.bias is None else x + self.bias
+
+
+NORMS = {
+    "layernorm": lambda arch: nn.LayerNorm(arch.hidden, eps=arch.norm_eps, bias=arch.norm_bias),
+    "rmsnorm": lambda arch: RMSNorm(arch.hidden, eps=arch.norm_eps, bias=arch.norm_bias),
+}
+
+
+def make_norm(arch: ArchConfig) -> nn.Module:
+    return NORMS[arch.norm_kind](arch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Positions. One module per model, shared by all layers, with three hooks: absolute schemes add
+# to the embeddings, rotary rotates queries and keys, ALiBi adds a bias to the attention scores.
+# ---------------------------------------------------------------------------------------------
+
+
+class NoPositions(nn.Module):
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q, k
+
+    def attention_bias(self, seq_len: int) -> torch.Tensor | None:
+        return None
+
+
+class LearnedPositions(NoPositions):
+    def __init__(self, arch: ArchConfig):
+        super().__init__()
+        self.table = nn.Embedding(arch.max_seq_len, arch.hidden)
+
+    def embed(self, x):
+        return x + self.table.weight[: x.shape[1]]
+
+
+def sinusoid_table(seq_len: int, dim: int) -> torch.Tensor:
+    """Vaswani et al.'s table: sin on even, cos on odd channels."""
+    position = torch.arange(seq_len, dtype=torch.float32)[:, None]
+    frequency = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(seq_len, dim)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency)
+    return table
+
+
+class SinusoidalPositions(NoPositions):
+    def __init__(self, arch: ArchConfig):
+        super().__init__()
+        self.register_buffer("table", sinusoid_table(arch.max_seq_len, arch.hidden), persistent=False)
+
+    def embed(self, x):
+        return x + self.table[: x.shape[1]]
+
+
+class ScaledSinusoidalPositions(SinusoidalPositions):
+    """Cramming's choice: the sinusoid times one learned scalar, initialised to 1/sqrt(hidden)."""
+
+    def __init__(self, arch: ArchConfig):
+        super().__init__(arch)
+        self.scale = nn.Parameter(torch.tensor(arch.hidden**-0.5))
+
+    def embed(self, x):
+        return x + self.scale * self.table[: x.shape[1]]
+
+
+class RotaryPositions(NoPositions):
+    """RoPE (Su et al. 2021) on queries and keys: scores depend on relative position only."""
+
+    def __init__(self, arch: ArchConfig, base: float = 10000.0):
+        super().__init__()
+        dim = arch.head_dim
+        inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+        angles = torch.outer(torch.arange(arch.max_seq_len, dtype=torch.float32), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)  # (T, head_dim), halves share frequencies
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    @staticmethod
+    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+        first, second = x.chunk(2, dim=-1)
+        return torch.cat([-second, first], dim=-1)
+
+    def rotate(self, q, k):
+        t = q.shape[-2]
+        cos, sin = self.cos[:t].to(q.dtype), self.sin[:t].to(q.dtype)
+        return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin
+
+
+class AlibiPositions(NoPositions):
+    """ALiBi (Press et al. 2022), symmetric for a bidirectional encoder: -slope_h * |i - j|."""
+
+    def __init__(self, arch: ArchConfig):
+        super().__init__()
+        # Geometric slopes 2^(-8/n), 2^(-16/n), ... as in the paper, for any head count.
+        slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / arch.heads) for h in range(arch.heads)])
+        pos = torch.arange(arch.max_seq_len)
+        distance = (pos[None, :] - pos[:, None]).abs().float()
+        self.register_buffer("bias", -slopes[:, None, None] * distance, persistent=False)
+
+    def attention_bias(self, seq_len):
+        return self.bias[:, :seq_len, :seq_len]
+
+
+POSITIONS = {
+    "none": lambda arch: NoPositions(),
+    "learned": LearnedPositions,
+    "sinusoidal": SinusoidalPositions,
+    "scaled_sinusoidal": ScaledSinusoidalPositions,
+    "rotary": RotaryPositions,
+    "alibi": AlibiPositions,
+}
+
+# ---------------------------------------------------------------------------------------------
+# Attention and feed-forward sublayers
+# ---------------------------------------------------------------------------------------------
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, arch: ArchConfig, dropout: float):
+        super().__init__()
+        self.heads = arch.heads
+        self.qkv = nn.Linear(arch.hidden, 3 * arch.hidden, bias=arch.qkv_bias)
+        self.out = nn.Linear(arch.hidden, arch.hidden, bias=arch.attn_out_bias)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor, positions: NoPositions, mask: torch.Tensor | None) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        q, k = positions.rotate(q, k)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.out(y.transpose(1, 2).reshape(b, t, h))
+
+
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    """Squared ReLU (So et al. 2021, Primer)."""
+    return F.relu(x).square()
+
+
+class FeedForward(nn.Module):
+    def __init__(self, arch: ArchConfig, activation):
+        super().__init__()
+        self.up = nn.Linear(arch.hidden, arch.ffn_inner, bias=arch.ffn_bias)
+        self.down = nn.Linear(arch.ffn_inner, arch.hidden, bias=arch.ffn_bias)
+        self.activation = activation
+
+    def forward(self, x):
+        return self.down(self.activation(self.up(x)))
+
+
+class GatedFeedForward(nn.Module):
+    """GLU variants (Shazeer 2020): down(activation(gate) * value) from one fused up-projection."""
+
+    def __init__(self, arch: ArchConfig, activation):
+        super().__init__()
+        self.up = nn.Linear(arch.hidden, 2 * arch.ffn_inner, bias=arch.ffn_bias)
+        self.down = nn.Linear(arch.ffn_inner, arch.hidden, bias=arch.ffn_bias)
+        self.activation = activation
+
+    def forward(self, x):
+        gate, value = self.up(x).chunk(2, dim=-1)
+        return self.down(self.activation(gate) * value)
+
+
+FFNS = {
+    "gelu": lambda arch: FeedForward(arch, F.gelu),
+    "relu": lambda arch: FeedForward(arch, F.relu),
+    "relu2": lambda arch: FeedForward(arch, relu2),
+    "silu": lambda arch: FeedForward(arch, F.silu),
+    "geglu": lambda arch: GatedFeedForward(arch, F.gelu),
+    "swiglu": lambda arch: GatedFeedForward(arch, F.silu),
+    "reglu": lambda arch: GatedFeedForward(arch, F.relu),
+}
+
+# ---------------------------------------------------------------------------------------------
+# Residual placement of the norms around a sublayer
+# ---------------------------------------------------------------------------------------------
+
+
+class PreNorm(nn.Module):
+    """x + f(norm(x)): the stable choice that lets Cramming train at high learning rates."""
+
+    def __init__(self, arch: ArchConfig, sublayer: nn.Module, dropout: float):
+        super().__init__()
+        self.norm, self.sublayer, self.dropout = make_norm(arch), sublayer, nn.Dropout(dropout)
+
+    def forward(self, x, **kwargs):
+        return x + self.dropout(self.sublayer(self.norm(x), **kwargs))
+
+
+class PostNorm(PreNorm):
+    """norm(x + f(x)): the original BERT/Transformer."""
+
+    def forward(self, x, **kwargs):
+        return self.norm(x + self.dropout(self.sublayer(x, **kwargs)))
+
+
+class SandwichNorm(PreNorm):
+    """x + norm_out(f(norm_in(x))) (Ding et al. 2021, CogView)."""
+
+    def __init__(self, arch: ArchConfig, sublayer: nn.Module, dropout: float):
+        super().__init__(arch, sublayer, dropout)
+        self.norm_out = make_norm(arch)
+
+    def forward(self, x, **kwargs):
+        return x + self.dropout(self.norm_out(self.sublayer(self.norm(x), **kwargs)))
+
+
+RESIDUALS = {"pre": PreNorm, "post": PostNorm, "sandwich": SandwichNorm}
+
+
+class Block(nn.Module):
+    def __init__(self, arch: ArchConfig, dropout: float):
+        super().__init__()
+        residual = RESIDUALS[arch.norm_placement]
+        self.attention = residual(arch, SelfAttention(arch, dropout), dropout)
+        self.ffn = residual(arch, FFNS[arch.ffn_kind](arch), dropout)
+
+    def forward(self, x, positions, mask):
+        x = self.attention(x, positions=positions, mask=mask)
+        return self.ffn(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------------
+
+
+class Embeddings(nn.Module):
+    def __init__(self, arch: ArchConfig, positions: NoPositions, dropout: float):
+        super().__init__()
+        self.tokens = nn.Embedding(arch.vocab_size, arch.hidden)
+        self.positions = positions
+        self.segments = nn.Embedding(2, arch.hidden) if arch.segment_embeddings else None
+        self.norm = make_norm(arch) if arch.embedding_norm else nn.Identity()
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, input_ids, token_type_ids=None):
+        x = self.positions.embed(self.tokens(input_ids))
+        if self.segments is not None:
+            x = x + self.segments(torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids)
+        return self.dropout(self.norm(x))
+
+
+class PredictionHead(nn.Module):
+    """Optional BERT head transform (dense, GELU, norm), then the vocabulary projection."""
+
+    def __init__(self, arch: ArchConfig, token_embedding: nn.Embedding):
+        super().__init__()
+        if arch.head_transform:
+            self.transform = nn.Sequential(
+                nn.Linear(arch.hidden, arch.hidden, bias=arch.ffn_bias), nn.GELU(), make_norm(arch)
+            )
+        else:
+            self.transform = nn.Identity()
+        self.decoder = nn.Linear(arch.hidden, arch.vocab_size, bias=arch.decoder_bias)
+        if arch.tie_embeddings:
+            self.decoder.weight = token_embedding.weight
+
+    def forward(self, hidden):
+        return self.decoder(self.transform(hidden))
+
+
+def padding_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """(B, T) keep-mask -> additive (B, 1, 1, T) bias, or None when nothing is padded.
+
+    A large finite negative instead of -inf: a fully padded row then gets uniform attention
+    rather than the NaN of a softmax over all -inf.
+    """
+    if attention_mask is None:
+        return None
+    keep = attention_mask.bool()[:, None, None, :]
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)
+
+
+class CrammedBert(nn.Module):
+    def __init__(self, arch: ArchConfig, dropout: float = 0.0):
+        super().__init__()
+        self.arch = arch
+        self.embeddings = Embeddings(arch, POSITIONS[arch.position](arch), dropout)
+        self.blocks = nn.ModuleList(Block(arch, dropout) for _ in range(arch.layers))
+        self.final_norm = make_norm(arch) if arch.final_norm else nn.Identity()
+        self.head = PredictionHead(arch, self.embeddings.tokens)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=self.arch.init_std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    @property
+    def positions(self) -> NoPositions:
+        return self.embeddings.positions  # owned by the embeddings, used by every layer
+
+    def encode(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        """Token ids (B, T) -> hidden states (B, T, hidden)."""
+        x = self.embeddings(input_ids, token_type_ids)
+        mask = padding_bias(attention_mask, x.dtype)
+        alibi = self.positions.attention_bias(input_ids.shape[1])
+        if alibi is not None:
+            mask = alibi.to(x.dtype) if mask is None else mask + alibi.to(x.dtype)
+        positions = self.positions
+        for block in self.blocks:
+            x = block(x, positions, mask)
+        return self.final_norm(x)
+
+    def mlm_logits(self, hidden: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Vocabulary logits: (B, T, V) densely, or (N, V) at the N rows a (B, T) bool mask selects."""
+        if positions is not None:
+            hidden = hidden[positions]
+        return self.head(hidden)
+
+    def forward(self, input_ids, labels=None, attention_mask=None, token_type_ids=None):
+        """MLM logits, and the loss when `labels` (-100 = not predicted) are given.
+
+        With sparse prediction and labels, logits are (N, V) for the N predicted tokens only:
+        nearly the whole CPU speed-up of a crammed model over BERT (STACK.md).
+        """
+        hidden = self.encode(input_ids, attention_mask, token_type_ids)
+        if labels is None:
+            return self.mlm_logits(hidden), None
+        if self.arch.sparse_prediction:
+            predicted = labels != -100
+            logits = self.mlm_logits(hidden, predicted)
+            return logits, F.cross_entropy(logits.float(), labels[predicted])
+        logits = self.mlm_logits(hidden)
+        return logits, F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1))
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # shared (tied) tensors counted once
+
+    def flops_per_token(self, seq_len: int | None = None, mlm_rate: float = 0.25) -> float:
+        return self.arch.flops_per_token(seq_len, mlm_rate)
