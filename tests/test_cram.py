@@ -1,0 +1,148 @@
+"""The budgeted cramming loop: budgets, schedules, determinism, learning, checkpoints, failures."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import yaml
+
+from space.arch import ArchConfig
+from tests.conftest import SLICE_SEQ, SLICE_VOCAB
+from trainer import cram as cram_module
+from trainer.budget import Budget, BudgetError, micro_batches_per_step, triangle_lr
+from trainer.checkpoint import load_checkpoint
+from trainer.config import TrainConfig
+from trainer.cram import NonFiniteLoss, _Trainer, cram, validation_loss
+
+ARCH = ArchConfig(layers=2, hidden=64, heads=4, ffn_mult=2.0, vocab_size=SLICE_VOCAB, max_seq_len=SLICE_SEQ)
+TRAIN = TrainConfig(batch_size=32, micro_batch=8, seed=3)
+
+
+# ---- budgets and schedules ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,kind,amount", [
+    ("60s", "seconds", 60), ("5m", "seconds", 300), ("24h", "seconds", 86400), ("1.5h", "seconds", 5400),
+    ("2e7tokens", "tokens", 2e7), ("1e15flops", "flops", 1e15), (" 30S ", "seconds", 30),
+])
+def test_budget_parses_every_unit(text, kind, amount):
+    budget = Budget.parse(text)
+    assert (budget.kind, budget.amount) == (kind, amount)
+
+
+@pytest.mark.parametrize("text", ["60", "5 minutes", "2e7tok", "-5m", "0s", "abc", ""])
+def test_budget_rejects_bad_text_with_the_fix(text):
+    with pytest.raises(BudgetError, match="budget: .*(60s|write e.g.)"):
+        Budget.parse(text)
+
+
+def test_triangle_lr_is_cramming_budget_triangle2():
+    assert triangle_lr(0.0) == pytest.approx(0.25)
+    assert triangle_lr(0.75) == pytest.approx(1.0)
+    assert triangle_lr(1.0) == pytest.approx(0.0)
+    assert triangle_lr(0.875) == pytest.approx(0.5)
+    values = [triangle_lr(i / 100) for i in range(101)]
+    peak = values.index(max(values))
+    assert all(a <= b for a, b in zip(values[:peak], values[1:peak + 1]))
+    assert all(a >= b for a, b in zip(values[peak:], values[peak + 1:]))
+
+
+def test_batch_ramp_reaches_target_at_ramp_fraction():
+    steps = [micro_batches_per_step(i / 100, 8192, 128, 0.6) for i in range(101)]
+    assert steps[0] == 1 and steps[60] == 64 and steps[100] == 64
+    assert all(a <= b for a, b in zip(steps, steps[1:]))
+    assert micro_batches_per_step(0.3, 8192, 128, 0.6) == 32
+    assert micro_batches_per_step(0.0, 256, 128, 0.0) == 2  # no ramp
+
+
+# ---- the loop on real text --------------------------------------------------------------------
+
+def test_token_budget_is_exact_and_runs_are_reproducible(wiki_slice):
+    tokens = 37 * SLICE_SEQ  # not a multiple of the micro-batch: the last one is cut short
+    first = cram(ARCH, TRAIN, wiki_slice, Budget.parse(f"{tokens}tokens"))
+    second = cram(ARCH, TRAIN, wiki_slice, Budget.parse(f"{tokens}tokens"))
+    assert first.tokens == tokens and first.micro_steps == 5
+    assert first.loss_curve == second.loss_curve
+    assert first.validation_loss == second.validation_loss
+    other_seed = cram(ARCH, TrainConfig(batch_size=32, micro_batch=8, seed=4), wiki_slice,
+                      Budget.parse(f"{tokens}tokens"))
+    assert other_seed.validation_loss != first.validation_loss
+
+
+def test_flop_budget_stops_at_its_token_equivalent(wiki_slice):
+    per_token = ARCH.flops_per_token(SLICE_SEQ, TRAIN.mlm_rate)
+    result = cram(ARCH, TRAIN, wiki_slice, Budget("flops", 20 * SLICE_SEQ * per_token, "test"))
+    assert result.tokens == 20 * SLICE_SEQ
+
+
+def test_time_budget_ends_within_two_percent(wiki_slice):
+    result = cram(ARCH, TRAIN, wiki_slice, Budget.parse("4s"))
+    assert abs(result.seconds - 4.0) <= 0.02 * 4.0
+    assert result.tokens_per_s == pytest.approx(result.tokens / result.seconds)
+
+
+def test_progress_reports_at_budget_fractions(wiki_slice):
+    reports = []
+    cram(ARCH, TrainConfig(batch_size=16, micro_batch=8, report_every=0.25), wiki_slice,
+         Budget.parse(f"{64 * SLICE_SEQ}tokens"), on_progress=reports.append)
+    fractions = [r.fraction for r in reports]
+    assert len(reports) == 4 and fractions[-1] == 1.0
+    assert fractions == sorted(fractions)
+    assert all(math.isfinite(r.train_loss) and r.tokens_per_s > 0 for r in reports)
+    lrs = [r.lr for r in reports]  # the one-cycle triangle: rising to 75% of the budget, then falling
+    assert lrs[0] < lrs[1] < lrs[2] <= TrainConfig().lr and lrs[3] < lrs[2]
+
+
+def test_validation_loss_falls_in_30s_on_wikipedia(wiki_slice):
+    torch.manual_seed(0)
+    untrained = validation_loss(cram_module.CrammedBert(ARCH), wiki_slice, torch.device("cpu"))
+    # Small batches: many optimizer steps in 30 s even on a loaded machine.
+    result = cram(ARCH, TrainConfig(batch_size=16, micro_batch=16, seed=0), wiki_slice, Budget.parse("30s"))
+    assert untrained == pytest.approx(math.log(SLICE_VOCAB), abs=0.5)
+    assert result.validation_loss < untrained - 1.5, (untrained, result.validation_loss, result.steps)
+
+
+def test_checkpoint_reloads_with_identical_outputs(wiki_slice, tmp_path):
+    result = cram(ARCH, TRAIN, wiki_slice, Budget.parse(f"{16 * SLICE_SEQ}tokens"), out_dir=tmp_path / "ckpt")
+    model, tokenizer_path = load_checkpoint(tmp_path / "ckpt")
+    assert tokenizer_path.read_text() == wiki_slice.tokenizer_path.read_text()
+    assert yaml.safe_load((tmp_path / "ckpt" / "arch.yaml").read_text()) == ARCH.to_dict()
+    assert validation_loss(model, wiki_slice, torch.device("cpu")) == pytest.approx(result.validation_loss,
+                                                                                          abs=1e-6)
+
+
+def test_nan_loss_raises_with_its_step(wiki_slice, monkeypatch):
+    calls = {"n": 0}
+    original = _Trainer.forward_backward
+
+    def poisoned(self, rows, scale):
+        calls["n"] += 1
+        return float("nan") if calls["n"] == 6 else original(self, rows, scale)
+
+    monkeypatch.setattr(_Trainer, "forward_backward", poisoned)
+    with pytest.raises(NonFiniteLoss) as info:
+        cram(ARCH, TrainConfig(batch_size=8, micro_batch=8), wiki_slice, Budget.parse("2e5tokens"))
+    assert info.value.step == 5 and "step 5" in str(info.value)
+
+
+def test_out_of_memory_halves_the_micro_batch_and_keeps_the_batch(wiki_slice, monkeypatch):
+    original = _Trainer.forward_backward
+    seen = []
+
+    def small_memory(self, rows, scale):
+        if len(rows) > 4 and len(seen) >= 3:
+            raise torch.OutOfMemoryError("simulated")
+        seen.append(len(rows))
+        return original(self, rows, scale)
+
+    monkeypatch.setattr(_Trainer, "forward_backward", small_memory)
+    result = cram(ARCH, TRAIN, wiki_slice, Budget.parse(f"{24 * 8 * SLICE_SEQ}tokens"))
+    assert result.oom_halvings == 1 and result.final_micro_batch == 4
+    assert result.tokens == 24 * 8 * SLICE_SEQ  # nothing skipped: every row was trained on
+    assert seen[:3] == [8, 8, 8] and set(seen[3:]) == {4}
+
+
+def test_data_must_match_the_architecture(wiki_slice):
+    with pytest.raises(ValueError, match="vocab_size"):
+        cram(ARCH.replace(vocab_size=4096), TRAIN, wiki_slice, Budget.parse("1e4tokens"))

@@ -1,0 +1,70 @@
+"""Budgets, and the schedules that Cramming shapes by the fraction of budget spent.
+
+True cramming fixes wall-clock (`24h`, `5m`, `60s`): a faster architecture sees more tokens. Token
+(`2e7tokens`) and FLOP (`1e15flops`) budgets give reproducible comparisons on noisy machines.
+Whatever the kind, the learning rate and the batch-size ramp are functions of `fraction` in [0, 1],
+so the same recipe stretches to any budget.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+UNITS = {"s": ("seconds", 1.0), "m": ("seconds", 60.0), "h": ("seconds", 3600.0),
+         "tokens": ("tokens", 1.0), "flops": ("flops", 1.0)}
+_BUDGET = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
+
+
+class BudgetError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Budget:
+    kind: str  # seconds | tokens | flops
+    amount: float
+    text: str  # as the user wrote it, for records
+
+    @classmethod
+    def parse(cls, text: str) -> Budget:
+        match = _BUDGET.match(str(text))
+        if not match or match.group(2).lower() not in UNITS:
+            raise BudgetError(f"budget: cannot read {text!r}; write e.g. 60s, 5m, 24h, 2e7tokens or 1e15flops")
+        kind, scale = UNITS[match.group(2).lower()]
+        amount = float(match.group(1)) * scale
+        if amount <= 0 or not math.isfinite(amount):
+            raise BudgetError(f"budget: {text!r} must be positive; write e.g. 60s or 2e7tokens")
+        return cls(kind, amount, str(text).strip())
+
+    def fraction(self, seconds: float, tokens: int, flops: float) -> float:
+        """Fraction of the budget spent (may exceed 1 by the last step's overshoot)."""
+        spent = {"seconds": seconds, "tokens": tokens, "flops": flops}[self.kind]
+        return spent / self.amount
+
+    def tokens_left(self, tokens: int, flops_per_token: float) -> float:
+        """Tokens that still fit a token or FLOP budget (inf for wall-clock budgets)."""
+        if self.kind == "tokens":
+            return self.amount - tokens
+        if self.kind == "flops":
+            return self.amount / flops_per_token - tokens
+        return math.inf
+
+
+def triangle_lr(fraction: float, base: float = 0.25, peak_at: float = 0.75) -> float:
+    """Cramming's `budget-triangle2` one-cycle: from `base` x lr rising linearly to the peak at
+    `peak_at` of the budget, then linearly down to 0 at the end."""
+    fraction = min(max(fraction, 0.0), 1.0)
+    rising = base + fraction * (1.0 - base) / peak_at
+    falling = (1.0 - fraction) / (1.0 - peak_at)
+    return max(0.0, min(rising, falling))
+
+
+def micro_batches_per_step(fraction: float, target_batch: int, micro_batch: int, ramp_until: float) -> int:
+    """Batch-size ramp through gradient accumulation: the effective batch grows linearly from one
+    micro-batch to `target_batch` sequences, reached at `ramp_until` of the budget (Cramming: 0.6)."""
+    full = max(1, math.ceil(target_batch / micro_batch))
+    if ramp_until <= 0:
+        return full
+    return max(1, min(full, math.ceil(full * fraction / ramp_until)))
