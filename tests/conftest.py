@@ -28,6 +28,7 @@ def wiki_slice_dir(tmp_path_factory) -> Path:
     for split, rows in (("train", SLICE_TRAIN_ARTICLES), ("validation", SLICE_VALIDATION_ARTICLES)):
         frame = pd.read_parquet(WIKI / f"{split}.parquet", columns=["text"]).head(rows)
         frame.to_parquet(corpus / f"{split}.parquet")
+    (root / "glue").symlink_to(SHARED_DATA / "glue")  # one DATA dir for pretraining and the GLUE probe
     return root
 
 

@@ -250,6 +250,14 @@ def cram(arch: ArchConfig, train: TrainConfig, data: PretrainData, budget: Budge
          on_progress: Callable[[Progress], None] | None = None, out_dir: str | os.PathLike | None = None,
          device: torch.device | None = None) -> CramResult:
     """Pretrain `arch` from scratch on `data` until `budget` is spent; optionally write a checkpoint."""
+    return cram_with_model(arch, train, data, budget, on_progress, out_dir, device)[1]
+
+
+def cram_with_model(arch: ArchConfig, train: TrainConfig, data: PretrainData, budget: Budget,
+                    on_progress: Callable[[Progress], None] | None = None,
+                    out_dir: str | os.PathLike | None = None,
+                    device: torch.device | None = None) -> tuple[CrammedBert, CramResult]:
+    """`cram`, also returning the trained model (eval mode): a search trial probes it in memory."""
     if data.vocab_size != arch.vocab_size or data.seq_len != arch.max_seq_len:
         raise ValueError(f"data: prepared for vocab {data.vocab_size}/seq {data.seq_len} but the architecture "
                          f"has vocab_size {arch.vocab_size}/max_seq_len {arch.max_seq_len}; prepare it again")
@@ -270,7 +278,7 @@ def cram(arch: ArchConfig, train: TrainConfig, data: PretrainData, budget: Budge
     if out_dir is not None:
         result.checkpoint = str(Path(out_dir))
         save_checkpoint(out_dir, trainer.model, arch, train, data.tokenizer_path, result.to_dict())
-    return result
+    return trainer.model.eval(), result
 
 
 def main(argv: list[str] | None = None) -> int:

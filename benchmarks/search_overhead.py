@@ -1,0 +1,64 @@
+"""Search overhead: the share of a study's wall time spent outside pretraining and the probe.
+
+    python benchmarks/search_overhead.py --data ../shared/data [--trials 6 --budget 30s]
+
+Runs a real CPU study (one trial at a time, ASHA off so every trial runs its whole budget) and
+compares, side by side, the study's wall time with the time its trials spent cramming and
+probing, as each trial measured it. The rest is overhead: Ray, the controller, MLflow, data
+loading, process start-up. "Warm" leaves out the study's start (Ray start, data cache check,
+MLflow store creation) and counts from the first trial's end to the last's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import mlflow
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--budget", default="30s")
+    parser.add_argument("--probe", action="store_true", help="include the GLUE probe in every trial")
+    args = parser.parse_args()
+
+    from search.run import main as search_main
+
+    work = Path(tempfile.mkdtemp(prefix="cramnas-overhead-"))
+    uri = f"sqlite:///{work}/mlflow.db"
+    flags = ["--trials", str(args.trials), "--budget", args.budget, "--data", args.data, "--study", "overhead",
+             "--tracking-uri", uri, "--controller", "random", "--no-early-stop", "--max-concurrent", "1"]
+    if not args.probe:
+        flags += ["--objective", "mlm", "--no-probe"]
+    start = time.time()
+    assert search_main(flags) == 0
+    wall = time.time() - start
+
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("overhead")
+    runs = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get("cramnas.kind") == "trial"]
+    runs.sort(key=lambda r: r.info.start_time)
+    work_seconds = []
+    for run in runs:
+        result = json.loads(Path(client.download_artifacts(run.info.run_id, "result.json", str(work))).read_text())
+        probe = result.get("probe") or {}
+        work_seconds.append(result["cram"]["seconds"] + (probe.get("seconds", {}).get("total", 0.0)))
+    useful = sum(work_seconds)
+    warm_wall = (runs[-1].info.end_time - runs[0].info.end_time) / 1000
+    warm_useful = sum(work_seconds[1:])
+    print(f"trials={len(runs)} budget={args.budget} probe={args.probe}")
+    print(f"study wall {wall:.1f} s, cram+probe {useful:.1f} s: overhead {100 * (1 - useful / wall):.1f}% "
+          f"({wall - useful:.1f} s, start-up included)")
+    print(f"warm (first trial's end to last's): wall {warm_wall:.1f} s, cram+probe {warm_useful:.1f} s: "
+          f"overhead {100 * (1 - warm_useful / warm_wall):.1f}% ({(warm_wall - warm_useful) / (len(runs) - 1):.2f} s "
+          f"per trial)")
+
+
+if __name__ == "__main__":
+    main()

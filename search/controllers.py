@@ -1,0 +1,349 @@
+"""Controllers: which architecture to train next, and the study that remembers what was trained.
+
+Every controller is an Optuna study with a sampler from `CONTROLLERS`, so `--controller` is a dict
+lookup and the study's storage is the one persistent record of the search:
+
+    study = open_study("s1", DEFAULT_STORAGE, "evolution", "probe", space, seed=0, resume=False)
+    proposal = ask(study, space)                 # a new trial and the ArchConfig it stands for
+    if proposal.repeat_of is not None:           # trained before: tell the recorded values
+        tell(study, proposal.number, study.trials[proposal.repeat_of].values)
+    else:
+        tell(study, proposal.number, OBJECTIVES["probe"].values(metrics), intermediate=curve)
+
+Resume is `open_study(..., resume=True)` then `fail_stale_running(study)`: samplers rebuild from the
+stored trials, and `RegularizedEvolutionSampler` keeps no state beyond them, so it continues
+exactly. Storage is an Optuna URL (default SQLite next to MLflow's `mlflow.db`) or any Optuna
+storage object, e.g. a `JournalStorage`; `None` keeps the study in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler
+from optuna.storages import BaseStorage
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from space import ArchConfig, OptunaDraws, SearchSpace, mutate
+
+__all__ = [
+    "CONTROLLERS", "DEFAULT_STORAGE", "OBJECTIVES", "Controller", "Objective", "Proposal",
+    "RegularizedEvolutionSampler", "ask", "fail_stale_running", "make_sampler", "open_study",
+    "study_counts", "tell",
+]
+
+_logger = logging.getLogger(__name__)
+
+# SQLite beside MLflow's default `sqlite:///mlflow.db`: one more file in the working directory,
+# readable by `optuna-dashboard` and plain SQL; any other RDB URL (PostgreSQL on a cluster) works
+# unchanged. It is the slower store: an ask + tell here (a write per parameter) took ~0.3 s on a
+# loaded 2-core machine against ~0.09 s for a journal file, which is noise next to trials that
+# train for a minute or more; and only the driver writes to it.
+DEFAULT_STORAGE = "sqlite:///optuna.db"
+
+# Evolutionary controllers (evolution, nsga2) breed from 20 members: studies here run 100-300
+# trials, so Optuna's NSGA-II default of 50 would spend a sixth to a half of them on its random
+# first generation.
+POPULATION_SIZE = 20
+# Real et al. (2019) sampled S=25 of P=100; keep their ratio.
+TOURNAMENT_SIZE = 5
+
+
+# ---- objectives -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Objective:
+    """What a study optimises: trial metrics by key, one direction each."""
+
+    name: str
+    metrics: tuple[str, ...]
+    directions: tuple[str, ...]
+
+    @property
+    def multi(self) -> bool:
+        return len(self.directions) > 1
+
+    def values(self, metrics: dict[str, Any]) -> list[float]:
+        missing = [key for key in self.metrics if key not in metrics]
+        if missing:
+            raise ValueError(f"objective {self.name}: the trial reported no {', '.join(missing)} "
+                             f"(it reported {', '.join(sorted(metrics)) or 'nothing'})")
+        return [float(metrics[key]) for key in self.metrics]
+
+
+# Metric keys: `validation_loss` and `tokens_per_s` as trainer.cram.CramResult names them,
+# `probe_average` for glue's ProbeResult.average.
+OBJECTIVES: dict[str, Objective] = {
+    "probe": Objective("probe", ("probe_average",), ("maximize",)),
+    "mlm": Objective("mlm", ("validation_loss",), ("minimize",)),
+    "probe+throughput": Objective("probe+throughput", ("probe_average", "tokens_per_s"),
+                                  ("maximize", "maximize")),
+}
+
+
+# ---- regularized evolution --------------------------------------------------------------------
+
+class RegularizedEvolutionSampler(BaseSampler):
+    """Aging evolution (Real et al. 2019, "Regularized Evolution for Image Classifier Architecture
+    Search") as an Optuna sampler.
+
+    Until the study has `population_size` COMPLETE trials, each trial is a random member of the
+    space (generation 0). After that the population is the `population_size` most recently
+    completed trials, so the oldest die whatever their score; each new trial draws `sample_size`
+    of them at random, takes the best by the study's objective, and is `mutate(parent)`.
+
+    The whole child is decided in `before_trial` and handed out parameter by parameter from
+    `sample_independent`. Each trial's randomness is seeded by (seed, trial number) and the
+    population is read from the stored trials (their `arch` user attribute, which `ask` sets), so
+    the sampler holds no state beyond the storage and a resumed study continues exactly.
+    Single-objective only.
+    """
+
+    def __init__(self, space: SearchSpace, population_size: int = POPULATION_SIZE,
+                 sample_size: int = TOURNAMENT_SIZE, seed: int | None = None) -> None:
+        if not 1 <= sample_size <= population_size:
+            raise ValueError(f"sample_size: need 1 <= sample_size <= population_size={population_size}, "
+                             f"got {sample_size}")
+        self.space = space
+        self.population_size = population_size
+        self.sample_size = sample_size
+        self._seed = random.randrange(2**32) if seed is None else seed
+        self._children: dict[int, ArchConfig] = {}  # trial number -> its config, while it is asked
+
+    def population(self, study: optuna.Study) -> list[FrozenTrial]:
+        """The most recently completed trials, at most `population_size`, oldest first."""
+        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        complete.sort(key=lambda t: (t.datetime_complete, t.number))
+        return complete[-self.population_size:]
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if len(study.directions) > 1:
+            raise ValueError("controller evolution: regularized evolution is single-objective; "
+                             "use nsga2 for several objectives")
+        rng = random.Random(f"{self._seed}:{trial.number}")
+        population = self.population(study)
+        if len(population) < self.population_size:
+            child = self.space.sample_random(rng)
+            attrs: dict[str, Any] = {"generation": 0}
+        else:
+            # With replacement, as in the paper's pseudocode.
+            tournament = [rng.choice(population) for _ in range(self.sample_size)]
+            pick = max if study.direction == StudyDirection.MAXIMIZE else min
+            parent = pick(tournament, key=lambda t: t.value)
+            child, mutation = mutate(self.space, ArchConfig.from_dict(parent.user_attrs["arch"]), rng)
+            attrs = {"parent_trial": parent.number, "mutation": mutation,
+                     "generation": parent.user_attrs["generation"] + 1}
+        for key, value in attrs.items():
+            # A sampler sees a FrozenTrial; Optuna's own samplers write through the storage too.
+            study._storage.set_trial_user_attr(trial._trial_id, key, value)
+        self._children[trial.number] = child
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return {}
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return {}
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        # Labels are the field, or the field plus the options left by a filter: `heads[4,8,16]`.
+        # The child is a member of the space, so the walk asks exactly for values it allows.
+        return getattr(self._children[trial.number], param_name.split("[", 1)[0])
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self._children.pop(trial.number, None)
+
+
+# ---- the controller registry ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Controller:
+    """A sampler factory, and whether its sampler handles several objectives."""
+
+    make: Callable[[SearchSpace, int | None], BaseSampler]
+    multi_objective: bool
+
+
+def _tpe(space: SearchSpace, seed: int | None) -> BaseSampler:
+    # Multivariate TPE models the parameters jointly; `group` splits the trials by which labels
+    # they drew (`final_norm` vs `final_norm[false]` under post-norm, `heads[...]` subsets), which
+    # plain multivariate TPE cannot, dropping those to independent sampling. On the objective of
+    # benchmarks/controller_efficiency.py (this factory swapped in turn, 30 seeds) it needed 18.5
+    # trials to a top-1% point in the median, against 25 without `group` and 26 for independent
+    # TPE. `group` is still flagged experimental: silence the warning that would open every study.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
+
+
+def _cmaes(space: SearchSpace, seed: int | None) -> BaseSampler:
+    numeric = [p.field for p in space.params.values() if p.kind in ("int", "float")]
+    categorical = [p.field for p in space.params.values() if p.kind in ("choice", "bool")]
+    if categorical:
+        # Optuna would log this for every parameter of every trial; once per study says it all.
+        _logger.warning("cmaes: CMA-ES models only the numeric parameters (%s); the %d categorical ones "
+                        "are drawn at random by its independent sampler", ", ".join(numeric) or "none",
+                        len(categorical))
+    return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+
+
+def _gp(space: SearchSpace, seed: int | None) -> BaseSampler:
+    # The GP models the parameters every trial drew; option-filtered labels (see _tpe) fall back to
+    # random draws by design, so Optuna's warning for each of them in each trial is noise.
+    return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
+
+
+CONTROLLERS: dict[str, Controller] = {
+    "tpe": Controller(_tpe, multi_objective=True),
+    "random": Controller(lambda space, seed: optuna.samplers.RandomSampler(seed=seed), multi_objective=True),
+    "nsga2": Controller(lambda space, seed: optuna.samplers.NSGAIISampler(population_size=POPULATION_SIZE,
+                                                                          seed=seed), multi_objective=True),
+    "cmaes": Controller(_cmaes, multi_objective=False),
+    "gp": Controller(_gp, multi_objective=True),  # Optuna 5's GPSampler uses log EHVI for several
+    "evolution": Controller(lambda space, seed: RegularizedEvolutionSampler(space, seed=seed),
+                            multi_objective=False),
+}
+
+
+def make_sampler(controller: str, objective: str, space: SearchSpace, seed: int | None) -> BaseSampler:
+    """The sampler of `controller` for `objective`; a one-line ValueError names what is allowed."""
+    if controller not in CONTROLLERS:
+        raise ValueError(f"--controller: unknown {controller!r}; allowed: {', '.join(CONTROLLERS)}")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"--objective: unknown {objective!r}; allowed: {', '.join(OBJECTIVES)}")
+    if OBJECTIVES[objective].multi and not CONTROLLERS[controller].multi_objective:
+        allowed = [name for name, c in CONTROLLERS.items() if c.multi_objective]
+        raise ValueError(f"--objective {objective} has {len(OBJECTIVES[objective].directions)} objectives, "
+                         f"which --controller {controller} cannot optimise; use --controller "
+                         f"{' | '.join(allowed)} or a single --objective")
+    return CONTROLLERS[controller].make(space, seed)
+
+
+# ---- studies ----------------------------------------------------------------------------------
+
+def open_study(name: str, storage: str | BaseStorage | None, controller: str, objective: str,
+               space: SearchSpace, seed: int | None = None, resume: bool = False) -> optuna.Study:
+    """Create study `name` in `storage`, or with `resume` reopen it with the same settings."""
+    sampler = make_sampler(controller, objective, space, seed)
+    settings = {"controller": controller, "objective": objective, "space": space.name, "seed": seed}
+    where = storage if isinstance(storage, str) else "this storage"
+    exists = storage is not None and name in optuna.study.get_all_study_names(storage)
+    if not resume:
+        if exists:
+            raise ValueError(f"study {name} exists in {where}; pass --resume or choose another --study")
+        study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                    directions=list(OBJECTIVES[objective].directions))
+        for key, value in settings.items():
+            study.set_user_attr(key, value)
+        return study
+    if not exists:
+        raise ValueError(f"study {name} not found in {where}; drop --resume to start it")
+    study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    stored = study.user_attrs
+    for key, value in settings.items():
+        if stored.get(key) != value:
+            raise ValueError(f"study {name} was created with --{key} {stored.get(key)}, not {value}; "
+                             f"resume it with --{key} {stored.get(key)} or choose another --study")
+    return study
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One asked trial. `repeat_of` is a COMPLETE trial with the same architecture: tell its values
+    instead of training. The lineage fields are set by evolution only."""
+
+    number: int
+    config: ArchConfig
+    parent_trial: int | None = None
+    mutation: str | None = None
+    generation: int | None = None
+    repeat_of: int | None = None
+
+
+def ask(study: optuna.Study, space: SearchSpace) -> Proposal:
+    """Ask the study's sampler for a member of `space`; infeasible draws are told PRUNED (user
+    attribute `infeasible`) and redrawn. The trial stores `arch` and `fingerprint`."""
+    config, draw = space.sample(OptunaDraws(study))
+    trial = draw.trial
+    fingerprint = config.fingerprint()
+    trial.set_user_attr("arch", config.to_dict())
+    trial.set_user_attr("fingerprint", fingerprint)
+    original = next((t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                     if t.user_attrs.get("fingerprint") == fingerprint and "repeat_of" not in t.user_attrs),
+                    None)
+    if original is not None:
+        trial.set_user_attr("repeat_of", original)
+    # Re-read: samplers (evolution) write their attributes through the storage in before_trial.
+    attrs = _trial(study, trial.number).user_attrs
+    return Proposal(trial.number, config, attrs.get("parent_trial"), attrs.get("mutation"),
+                    attrs.get("generation"), original)
+
+
+_STATES = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED, "failed": TrialState.FAIL}
+
+
+def tell(study: optuna.Study, trial_number: int, values: Sequence[float] | None = None,
+         state: str = "complete", reason: str | None = None,
+         intermediate: Sequence[tuple[int, float]] | None = None,
+         metrics: dict[str, float] | None = None) -> FrozenTrial:
+    """Finish a trial: `values` for complete ones, `reason` (user attribute `failure_reason`) for
+    the others, `intermediate` the (step, train MLM loss) curve, `metrics` every number the trial
+    reported (user attribute `metrics`). Telling a finished trial is a no-op, so a driver may
+    safely retry after a crash."""
+    if state not in _STATES:
+        raise ValueError(f"state: unknown {state!r}; allowed: {', '.join(_STATES)}")
+    trial = _trial(study, trial_number)
+    if trial.state.is_finished():
+        return trial
+    if reason is not None:
+        study._storage.set_trial_user_attr(trial._trial_id, "failure_reason", reason)
+    if metrics:  # what export, the terminal view and a repeat of this architecture read back
+        study._storage.set_trial_user_attr(trial._trial_id, "metrics", dict(metrics))
+    if intermediate:
+        curve = [[int(step), float(value)] for step, value in intermediate]  # as JSON stores it
+        study._storage.set_trial_user_attr(trial._trial_id, "intermediate", curve)
+        # Optuna gives a pruned trial its last intermediate value as its value, and TPE ranks
+        # pruned trials by it: only the `mlm` objective's values may go there. (Direct to storage,
+        # since a new optuna.Trial handle would rerun the sampler's before_trial.)
+        if study.user_attrs.get("objective") == "mlm":
+            for step, value in curve:
+                study._storage.set_trial_intermediate_value(trial._trial_id, step, value)
+    told = None if values is None else list(values)
+    return study.tell(trial_number, told, state=_STATES[state], skip_if_finished=True)
+
+
+def study_counts(study: optuna.Study) -> dict[str, int]:
+    """Trials by state; infeasible draws (PRUNED with user attribute `infeasible`) count apart."""
+    counts = dict.fromkeys(("complete", "pruned", "failed", "running", "infeasible"), 0)
+    names = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
+             TrialState.RUNNING: "running"}
+    for trial in study.get_trials(deepcopy=False, states=tuple(names)):
+        infeasible = trial.state == TrialState.PRUNED and "infeasible" in trial.user_attrs
+        counts["infeasible" if infeasible else names[trial.state]] += 1
+    return counts
+
+
+def fail_stale_running(study: optuna.Study) -> list[int]:
+    """Fail the RUNNING trials a dead driver left (one driver per study: on resume, every running
+    trial is stale). Returns their numbers."""
+    stale = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+    for number in stale:
+        tell(study, number, state="failed", reason="driver died")
+    return stale
+
+
+def _trial(study: optuna.Study, number: int) -> FrozenTrial:
+    trials = study.get_trials(deepcopy=False)
+    if not 0 <= number < len(trials):
+        raise ValueError(f"trial {number}: study {study.study_name} has trials 0..{len(trials) - 1}")
+    return trials[number]

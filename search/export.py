@@ -1,0 +1,87 @@
+"""`python -m search.export --study NAME`: the study's best architecture as a trainer config.
+
+The file is what `python -m trainer.cram --config` runs unchanged (the study's training settings,
+the winner's `arch`), plus `provenance`: study, trial, MLflow run id, score, budget, controller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from optuna.trial import TrialState
+
+PROJECT = Path(__file__).resolve().parents[1]
+RANKINGS = {"probe": ("probe_average", "max"), "mlm": ("validation_loss", "min")}
+
+
+class ExportError(ValueError):
+    pass
+
+
+def best_trial(study, rank_by: str):
+    key, mode = RANKINGS[rank_by]
+    trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+              if "repeat_of" not in t.user_attrs and key in t.user_attrs.get("metrics", {})]
+    if not trials:
+        raise ExportError(f"study {study.study_name} has no completed trial with {key}; "
+                          f"run more trials or choose --rank-by {'mlm' if rank_by == 'probe' else 'probe'}")
+    pick = max if mode == "max" else min
+    return pick(trials, key=lambda t: t.user_attrs["metrics"][key]), key
+
+
+def export(study_name: str, rank_by: str = "probe", out: str | Path | None = None, tracking_uri: str | None = None,
+           storage: str | None = None, force: bool = False) -> Path:
+    import optuna
+
+    from search.stores import study_storage
+    from search.tracking import StudyTracker
+    from space.arch import ArchConfig
+    from trainer.config import RunConfig, TrainConfig
+
+    if rank_by not in RANKINGS:
+        raise ExportError(f"--rank-by: unknown {rank_by!r}; allowed: {', '.join(RANKINGS)}")
+    storage = study_storage(tracking_uri, storage)
+    if study_name not in optuna.study.get_all_study_names(storage):
+        raise ExportError(f"--study: no study {study_name!r} in {storage}; pass the --tracking-uri or --storage "
+                          f"the search used")
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    trial, key = best_trial(study, rank_by)
+    path = Path(out) if out else PROJECT / "trainer" / "configs" / f"{study_name}-best.yaml"
+    if not force and not path.resolve().is_relative_to(PROJECT):
+        raise ExportError(f"--out: {path} is outside the project {PROJECT}; pass --force to write there")
+    run = StudyTracker(tracking_uri, study_name).find_trial_run(trial.number)
+    provenance = {
+        "study": study_name, "trial": trial.number, "mlflow_run_id": run.info.run_id if run else None,
+        "rank_by": key, "score": trial.user_attrs["metrics"][key], "budget": study.user_attrs.get("budget"),
+        "controller": study.user_attrs.get("controller"), "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    config = RunConfig(f"{study_name}-best", ArchConfig.from_dict(trial.user_attrs["arch"]),
+                       TrainConfig.from_dict(study.user_attrs["train"]), provenance)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    config.save(path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m search.export", description=__doc__.splitlines()[0])
+    parser.add_argument("--study", required=True)
+    parser.add_argument("--rank-by", default="probe", choices=sorted(RANKINGS))
+    parser.add_argument("--out", help="default: trainer/configs/<study>-best.yaml")
+    parser.add_argument("--tracking-uri", help="the MLflow store the search used")
+    parser.add_argument("--storage", help="the Optuna storage the search used (default: beside the MLflow store)")
+    parser.add_argument("--force", action="store_true", help="allow writing outside the project")
+    args = parser.parse_args(argv)
+    try:
+        path = export(args.study, args.rank_by, args.out, args.tracking_uri, args.storage, args.force)
+    except ExportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}\ncram it:  python -m trainer.cram --config {path} --budget 24h")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""`python -m search.run --trials 200`: an architecture search study on Ray Tune.
+
+Everything is checked before the first trial (space, budget, flags, data, GLUE tasks, tracking
+store); the data and tokenizer are prepared once, here, and every trial reads the cache. The
+study lives in two stores that agree trial for trial: the Optuna study (the controller's memory)
+and MLflow (what people look at). `--resume` continues a study to its requested total after
+Ctrl-C or a killed driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROFILES = Path(__file__).parent / "profiles"
+CONFIGS = Path(__file__).resolve().parents[1] / "trainer" / "configs"
+SPACES = Path(__file__).resolve().parents[1] / "space" / "spaces"
+
+
+class UsageError(ValueError):
+    """A user error found before any trial: printed as one line, exit code 2."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from search.controllers import CONTROLLERS, OBJECTIVES
+
+    parser = argparse.ArgumentParser(prog="python -m search.run", description="Search crammed BERT architectures.")
+    parser.add_argument("--trials", type=int, default=200, help="trials in the study, in total (resume included)")
+    parser.add_argument("--controller", default="tpe", choices=sorted(CONTROLLERS))
+    parser.add_argument("--space", help="search-space YAML (default: the device profile's)")
+    parser.add_argument("--budget", help="per-trial budget: 60s, 5m, 2e7tokens ... (default: the profile's)")
+    parser.add_argument("--objective", default="probe", choices=sorted(OBJECTIVES))
+    parser.add_argument("--study", help="study name (default: generated and printed)")
+    parser.add_argument("--resume", action="store_true", help="continue --study to --trials")
+    parser.add_argument("--max-concurrent", type=int, help="trials at once (default: what the resources allow)")
+    parser.add_argument("--gpus-per-trial", type=float)
+    parser.add_argument("--cpus-per-trial", type=float)
+    parser.add_argument("--address", help="join a Ray cluster: auto or HOST:PORT (default: start Ray locally)")
+    parser.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    parser.add_argument("--storage", help="Optuna study storage (default: optuna.db beside a SQLite MLflow store)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--data", help="local data directory (pretrain corpus and GLUE tasks)")
+    source.add_argument("--corpus", help="hub dataset id for pretraining (GLUE then comes from the hub too)")
+    parser.add_argument("--cache-dir", help="token cache (default: $CRAMNAS_CACHE or ~/.cache/cramnas)")
+    parser.add_argument("--no-early-stop", action="store_true", help="no ASHA: every trial runs its full budget")
+    parser.add_argument("--no-probe", action="store_true", help="skip the GLUE probe (objective mlm only)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", help="device profile: cpu, gpu or a profile YAML (default: gpu if CUDA is present)")
+    return parser.parse_args(argv)
+
+
+@dataclass
+class Plan:
+    """Everything a study needs, checked: built before Ray starts."""
+
+    study: str
+    optuna_study: Any
+    resume: bool
+    trials: int
+    controller: str
+    objective: Any
+    space: Any
+    space_path: Path
+    budget: Any
+    template: dict[str, Any]  # the spec every trial gets, plus its own arch
+    resources: dict[str, float]
+    max_concurrent: int
+    early_stop: dict[str, Any] | None
+    tracking_uri: str
+    storage: str
+    address: str | None
+    seed: int
+
+
+def _beside(profile: Path, name: str, default_dir: Path) -> Path:
+    """A file a profile names: next to the profile if it is there, else in the default directory."""
+    local = profile.parent / name
+    return local if local.is_file() else default_dir / name
+
+
+def default_profile() -> str:
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    """Check every input and prepare the data; raises UsageError (or a library's one-line error)."""
+    from glue.data import resolve_tasks
+    from search import controllers
+    from search.stores import study_storage
+    from search.tracking import check_store
+    from space import load_space
+    from trainer.budget import Budget
+    from trainer.config import TrainConfig, load_run_config
+    from trainer.data import CorpusSource, prepare_data
+
+    if args.trials < 1:
+        raise UsageError(f"--trials: must be at least 1, got {args.trials}")
+    if args.resume and not args.study:
+        raise UsageError("--resume: needs --study NAME (the study to continue)")
+    if args.max_concurrent is not None and args.max_concurrent < 1:
+        raise UsageError(f"--max-concurrent: must be at least 1, got {args.max_concurrent}")
+    profile_path = Path(args.profile) if args.profile and args.profile.endswith(".yaml") else \
+        PROFILES / f"{args.profile or default_profile()}.yaml"
+    if not profile_path.is_file():
+        raise UsageError(f"--profile: {args.profile!r} is neither cpu, gpu nor an existing profile YAML")
+    profile = yaml.safe_load(profile_path.read_text())
+    objective = controllers.OBJECTIVES[args.objective]
+    if args.no_probe and "probe" in args.objective:
+        raise UsageError(f"--no-probe: the objective {args.objective!r} needs the probe; use --objective mlm")
+
+    space_path = Path(args.space) if args.space else _beside(profile_path, profile["space"], SPACES)
+    space = load_space(space_path)
+    controllers.make_sampler(args.controller, args.objective, space, args.seed)  # controller x objective fit
+    budget = Budget.parse(args.budget or profile["budget"])
+    train = TrainConfig.from_dict({**load_run_config(_beside(profile_path, profile["run_config"], CONFIGS)).train.to_dict(),
+                                   **profile.get("train", {})}, where=f"{profile_path.name}: train")
+    resources = {"cpu": args.cpus_per_trial or profile["resources"]["cpus_per_trial"],
+                 "gpu": args.gpus_per_trial if args.gpus_per_trial is not None else profile["resources"]["gpus_per_trial"]}
+    for kind, amount in resources.items():
+        if amount < 0:
+            raise UsageError(f"--{kind}s-per-trial: must not be negative, got {amount}")
+
+    tracking_uri = check_store(args.tracking_uri)  # $MLFLOW_TRACKING_URI or sqlite:///mlflow.db by default
+    storage = study_storage(tracking_uri, args.storage)
+
+    corpus = {"data_dir": args.data, "corpus": args.corpus}
+    fixed = space.fixed
+    data = prepare_data(CorpusSource.from_args(**corpus), vocab_size=fixed.get("vocab_size", 32768),
+                        seq_len=fixed.get("max_seq_len", 128), cache_dir=args.cache_dir)
+    probe = None
+    if not args.no_probe:
+        tasks = resolve_tasks(profile["probe"]["tasks"], args.data)  # every task present, or one clear error
+        probe = {"tasks": [task.name for task in tasks], "limits": {**profile["probe"]["limits"], "data_dir": args.data}}
+
+    study = args.study or f"cramnas-{args.controller}-{time.strftime('%Y%m%d-%H%M%S')}"
+    template = {"train": train.to_dict(), "budget": budget.text, "corpus": corpus, "probe": probe,
+                "cache_dir": str(args.cache_dir) if args.cache_dir else None, "data_fingerprint": data.fingerprint}
+    early_stop = None if args.no_early_stop or objective.multi else profile["early_stop"]
+    cpus = os.cpu_count() or 1
+    concurrent = args.max_concurrent or max(1, int(cpus // max(resources["cpu"], 1)))
+    # Last, once everything else is known good: creates the study, or reopens it to resume.
+    optuna_study = controllers.open_study(study, storage, args.controller, args.objective, space, args.seed,
+                                          args.resume)
+    return Plan(study, optuna_study, args.resume, args.trials, args.controller, objective, space, space_path,
+                budget, template, resources, concurrent, early_stop, tracking_uri, storage, args.address, args.seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.address:  # keep a local Ray on loopback (STACK.md); a cluster user runs without it
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Records go to MLflow and the study; Ray's own result loggers and status tables are noise here.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # A failed or repeated trial's one report has no training loss for ASHA; it ends the trial anyway.
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    from search.study import USER_ERRORS, run_study
+
+    try:
+        plan = make_plan(args)
+    except USER_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return run_study(plan)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""The driver's side of every trial: the controller seen by Ray Tune as a `Searcher`.
+
+Ray asks `suggest` for a trial; the controller (an Optuna study, `search.controllers`) proposes an
+architecture and MLflow gets its run. Every report of the worker comes back through
+`on_trial_result` and is logged to MLflow in one call; `on_trial_complete` tells the study how
+the trial ended (complete, pruned by ASHA, failed) and closes the MLflow run. Both records are
+written here, in the driver, one right after the other; `search.run` reconciles the two on resume
+if the driver died between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray.tune.search import Searcher
+
+from search import controllers
+from search.tracking import StudyTracker
+
+
+@dataclass
+class LiveTrial:
+    number: int
+    run_id: str
+    proposal: controllers.Proposal
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (report index, train MLM loss)
+    last: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    """How a trial ended, for the terminal view."""
+
+    number: int
+    state: str  # complete | pruned | failed | repeat
+    metrics: dict[str, float]
+    proposal: controllers.Proposal
+    run_id: str
+    reason: str | None = None
+
+
+class CramnasSearcher(Searcher):
+    def __init__(self, study, space, objective: controllers.Objective, tracker: StudyTracker,
+                 template: dict[str, Any], tags: dict[str, str],
+                 on_outcome: Callable[[Outcome], None] | None = None):
+        super().__init__()
+        self.study, self.space, self.objective, self.tracker = study, space, objective, tracker
+        self.template, self.tags, self.on_outcome = template, tags, on_outcome
+        self.live: dict[str, LiveTrial] = {}
+
+    def __getstate__(self) -> dict:
+        # Ray pickles the Tuner, searcher included, for its own experiment restore, which cramnas
+        # does not use: a study resumes from its stores (`search.run --resume`). The study's
+        # storage engine and the terminal view do not pickle, so only the identity travels.
+        return {"study_name": self.study.study_name}
+
+    def save(self, checkpoint_path: str) -> None:
+        pass  # the Optuna study is the searcher's state, saved as it changes (see __getstate__)
+
+    def restore(self, checkpoint_path: str) -> None:
+        pass
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        return True  # our objective comes from the study, not from Ray's metric/mode
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        proposal = controllers.ask(self.study, self.space)
+        lineage = {"generation": proposal.generation, "parent_trial": proposal.parent_trial,
+                   "mutation": proposal.mutation, "repeat_of": proposal.repeat_of}
+        run_id = self.tracker.trial_run(proposal.number, proposal.config.to_dict(), self.template["train"],
+                                        {**self.tags, **{k: v for k, v in lineage.items() if v is not None}})
+        self.live[trial_id] = LiveTrial(proposal.number, run_id, proposal)
+        spec = {**self.template, "trial_number": proposal.number, "arch": proposal.config.to_dict()}
+        if proposal.repeat_of is not None:
+            spec["repeat_of"] = proposal.repeat_of
+            spec["recorded"] = self.study.trials[proposal.repeat_of].user_attrs.get("metrics", {})
+        return spec
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        trial = self.live.get(trial_id)
+        if trial is None:
+            return
+        trial.last = result
+        if not result.get("final"):
+            trial.curve.append((len(trial.curve) + 1, float(result["mlm_loss"])))
+            self.tracker.log_progress(trial.run_id, int(result["tokens"]), {
+                "train_loss": result["mlm_loss"], "tokens_per_s": result["tokens_per_s"],
+                "budget_fraction": result["budget_fraction"]})
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        trial = self.live.pop(trial_id, None)
+        if trial is None:
+            return
+        last = result or trial.last
+        metrics = {k: float(v) for k, v in last.items() if _is_metric(k, v)}
+        reason = None
+        if error:
+            state, reason = "failed", "the trial's worker died (Ray reported a trial error)"
+        elif last.get("failed"):
+            state, reason = "failed", last.get("failure_reason", "unknown")
+        elif not last.get("final"):
+            state, reason = "pruned", f"stopped early by ASHA after {len(trial.curve)} of its reports"
+        elif last.get("repeat_of") is not None:
+            state = "repeat"
+        else:
+            state = "complete"
+        values = self.objective.values(metrics) if state in ("complete", "repeat") else None
+        controllers.tell(self.study, trial.number, values=values,
+                         state="complete" if state == "repeat" else state, reason=reason,
+                         intermediate=trial.curve, metrics=metrics)
+        artifacts = {"arch.yaml": trial.proposal.config.to_dict()}
+        if "result" in last:
+            artifacts["result.json"] = last["result"]
+        if "traceback" in last:
+            artifacts["traceback.txt"] = last["traceback"]
+        status = {"failed": "FAILED", "pruned": "KILLED"}.get(state, "FINISHED")
+        self.tracker.finish_trial(trial.run_id, status, metrics,
+                                  {"status": state, "failure_reason": reason}, artifacts)
+        if self.on_outcome:
+            self.on_outcome(Outcome(trial.number, state, metrics, trial.proposal, trial.run_id, reason))
+
+
+# Ray's own bookkeeping in every result, and `mlm_loss` (ASHA's copy of validation_loss at the end).
+_NOT_METRICS = {"final", "failed", "repeat_of", "trial_id", "done", "pid", "timestamp", "time_this_iter_s",
+                "time_total_s", "time_since_restore", "iterations_since_restore", "training_iteration", "mlm_loss"}
+
+
+def _is_metric(key: str, value: Any) -> bool:
+    return (key not in _NOT_METRICS and "/" not in key  # "config/...": Ray's copy of the trial spec
+            and isinstance(value, (int, float)) and not isinstance(value, bool))

@@ -1,0 +1,122 @@
+"""Run a checked `Plan` (search.run): open or resume the study, reconcile its two stores, start
+Ray, run the remaining trials on Ray Tune, show progress, print the top 5."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from search import controllers
+from search.searcher import CramnasSearcher, Outcome
+from search.tracking import StudyTracker, TrackingError
+from search.view import StudyView
+from space import SpaceError
+from trainer.budget import BudgetError
+from trainer.config import ConfigError
+from trainer.data import DataError
+
+from glue import GlueError  # noqa: E402 (after trainer: glue imports it)
+
+USER_ERRORS = (ValueError, SpaceError, BudgetError, ConfigError, DataError, GlueError, TrackingError)
+
+# Ray's per-trial files (results, logs) go here unless RunConfig is told otherwise (STACK.md).
+RAY_RESULTS = Path(tempfile.gettempdir()) / "cramnas-ray"
+
+
+def reconcile(study, tracker: StudyTracker, train: dict) -> dict[str, int]:
+    """After a driver died: trials it left running fail in both stores (an MLflow run is made for
+    one the driver died before recording), and any MLflow run whose trial the study had already
+    finished is closed with the study's verdict. Nothing is re-run or counted twice: the study is
+    the source of truth for counts."""
+    stale = controllers.fail_stale_running(study)
+    for number in stale:
+        if tracker.find_trial_run(number) is None:
+            arch = study.trials[number].user_attrs.get("arch", {})
+            tags = {"controller": study.user_attrs.get("controller")}
+            if not arch:  # the driver died before even recording what it had drawn
+                tags["fingerprint"] = "unknown"
+            tracker.trial_run(number, arch, train, tags)
+    closed = 0
+    for run in tracker.running_trial_runs():
+        number = int(run.data.tags[tracker.trial_tag])
+        trial = study.trials[number]
+        state = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed"}[trial.state.name]
+        reason = trial.user_attrs.get("failure_reason")
+        tracker.finish_trial(run.info.run_id, {"failed": "FAILED", "pruned": "KILLED"}.get(state, "FINISHED"),
+                             trial.user_attrs.get("metrics", {}), {"status": state, "failure_reason": reason}, {})
+        closed += 1
+    return {"stale_trials": len(stale), "closed_runs": closed}
+
+
+def run_study(plan) -> int:
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    from search.trial import run_trial
+
+    # Tune's result files are off (records live in MLflow), so its post-run analysis finds none.
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+
+    study = plan.optuna_study
+    if not plan.resume:  # what export needs to write a config that trainer.cram runs unchanged
+        study.set_user_attr("train", plan.template["train"])
+        study.set_user_attr("budget", plan.budget.text)
+    tracker = StudyTracker(plan.tracking_uri, plan.study)
+    parent_run = tracker.start_study({
+        "controller": plan.controller, "objective": plan.objective.name, "space": str(plan.space_path),
+        "budget": plan.budget.text, "trials": plan.trials, "code_version": _code_version(),
+        "train": plan.template["train"], "probe_tasks": ",".join((plan.template["probe"] or {}).get("tasks", [])),
+    })
+    if plan.resume:
+        fixed = reconcile(study, tracker, plan.template["train"])
+        if any(fixed.values()):
+            print(f"resume: {fixed['stale_trials']} trials left running by the dead driver marked failed; "
+                  f"{fixed['closed_runs']} MLflow runs closed to match the study")
+    counts = controllers.study_counts(study)
+    done = counts["complete"] + counts["pruned"] + counts["failed"]
+    remaining = plan.trials - done
+    print(f"study {plan.study}: {done} of {plan.trials} trials done, {remaining} to run "
+          f"(controller {plan.controller}, objective {plan.objective.name}, budget {plan.budget.text}); "
+          f"MLflow {plan.tracking_uri}, run {parent_run}")
+    view = StudyView(plan, study, tracker, already_done=done, remaining=max(remaining, 0))
+    if remaining > 0:
+        if plan.address:
+            ray.init(address=plan.address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                     _temp_dir=str(Path(tempfile.gettempdir()) / "cramnas-ray-session"))
+        searcher = CramnasSearcher(study, plan.space, plan.objective, tracker, plan.template,
+                                   {"controller": plan.controller}, on_outcome=view.record)
+        scheduler = FIFOScheduler()
+        if plan.early_stop:
+            scheduler = ASHAScheduler(time_attr="training_iteration", metric="mlm_loss", mode="min",
+                                      max_t=17, grace_period=plan.early_stop["grace_reports"],
+                                      reduction_factor=plan.early_stop["reduction_factor"])
+        tuner = tune.Tuner(
+            tune.with_resources(run_trial, plan.resources),
+            tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=remaining,
+                                        max_concurrent_trials=plan.max_concurrent, reuse_actors=True),
+            run_config=tune.RunConfig(name=f"{plan.study}-{int(time.time())}", storage_path=str(RAY_RESULTS),
+                                      verbose=0, callbacks=[view.callback()]),
+        )
+        try:
+            with view.live():
+                tuner.fit()
+        except KeyboardInterrupt:
+            print(f"interrupted: resume with  python -m search.run --study {plan.study} --resume "
+                  f"--trials {plan.trials}")
+            return 130
+        finally:
+            ray.shutdown()
+    view.final_table()
+    return 0
+
+
+def _code_version() -> str:
+    from trainer.cram import code_version
+
+    return code_version()
