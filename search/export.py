@@ -32,7 +32,7 @@ def best_trial(study, rank_by: str):
     return pick(trials, key=lambda t: t.user_attrs["metrics"][key]), key
 
 
-def export(study_name: str, rank_by: str = "probe", out: str | Path | None = None, tracking_uri: str | None = None,
+def export(study_name: str, rank_by: str | None = None, out: str | Path | None = None, tracking_uri: str | None = None,
            storage: str | None = None, force: bool = False) -> Path:
     import optuna
 
@@ -41,13 +41,14 @@ def export(study_name: str, rank_by: str = "probe", out: str | Path | None = Non
     from space.arch import ArchConfig
     from trainer.config import RunConfig, TrainConfig
 
-    if rank_by not in RANKINGS:
-        raise ExportError(f"--rank-by: unknown {rank_by!r}; allowed: {', '.join(RANKINGS)}")
     storage = study_storage(tracking_uri, storage)
     if study_name not in optuna.study.get_all_study_names(storage):
         raise ExportError(f"--study: no study {study_name!r} in {storage}; pass the --tracking-uri or --storage "
                           f"the search used")
     study = optuna.load_study(study_name=study_name, storage=storage)
+    rank_by = rank_by or ("mlm" if study.user_attrs.get("objective") == "mlm" else "probe")
+    if rank_by not in RANKINGS:
+        raise ExportError(f"--rank-by: unknown {rank_by!r}; allowed: {', '.join(RANKINGS)}")
     trial, key = best_trial(study, rank_by)
     path = Path(out) if out else PROJECT / "trainer" / "configs" / f"{study_name}-best.yaml"
     if not force and not path.resolve().is_relative_to(PROJECT):
@@ -68,7 +69,7 @@ def export(study_name: str, rank_by: str = "probe", out: str | Path | None = Non
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m search.export", description=__doc__.splitlines()[0])
     parser.add_argument("--study", required=True)
-    parser.add_argument("--rank-by", default="probe", choices=sorted(RANKINGS))
+    parser.add_argument("--rank-by", choices=sorted(RANKINGS), help="default: the study's objective")
     parser.add_argument("--out", help="default: trainer/configs/<study>-best.yaml")
     parser.add_argument("--tracking-uri", help="the MLflow store the search used")
     parser.add_argument("--storage", help="the Optuna storage the search used (default: beside the MLflow store)")

@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--controller", default="tpe", choices=sorted(CONTROLLERS))
     parser.add_argument("--space", help="search-space YAML (default: the device profile's)")
     parser.add_argument("--budget", help="per-trial budget: 60s, 5m, 2e7tokens ... (default: the profile's)")
-    parser.add_argument("--objective", default="probe", choices=sorted(OBJECTIVES))
+    parser.add_argument("--objective", choices=sorted(OBJECTIVES), help="default: the profile's (cpu: mlm, gpu: probe)")
     parser.add_argument("--study", help="study name (default: generated and printed)")
     parser.add_argument("--resume", action="store_true", help="continue --study to --trials")
     parser.add_argument("--max-concurrent", type=int, help="trials at once (default: what the resources allow)")
@@ -113,6 +113,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if not profile_path.is_file():
         raise UsageError(f"--profile: {args.profile!r} is neither cpu, gpu nor an existing profile YAML")
     profile = yaml.safe_load(profile_path.read_text())
+    args.objective = args.objective or profile.get("objective", "probe")
     objective = controllers.OBJECTIVES[args.objective]
     if args.no_probe and "probe" in args.objective:
         raise UsageError(f"--no-probe: the objective {args.objective!r} needs the probe; use --objective mlm")
