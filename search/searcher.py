@@ -111,8 +111,9 @@ class CramnasSearcher(Searcher):
                          state="complete" if state == "repeat" else state, reason=reason,
                          intermediate=trial.curve, metrics=metrics)
         artifacts = {"arch.yaml": trial.proposal.config.to_dict()}
-        if "result" in last:
-            artifacts["result.json"] = last["result"]
+        result_dict = _unflatten(last, "result/")
+        if result_dict:
+            artifacts["result.json"] = result_dict
         if "traceback" in last:
             artifacts["traceback.txt"] = last["traceback"]
         status = {"failed": "FAILED", "pruned": "KILLED"}.get(state, "FINISHED")
@@ -130,3 +131,16 @@ _NOT_METRICS = {"final", "failed", "repeat_of", "trial_id", "done", "pid", "time
 def _is_metric(key: str, value: Any) -> bool:
     return (key not in _NOT_METRICS and "/" not in key  # "config/...": Ray's copy of the trial spec
             and isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _unflatten(flat: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """Ray hands searchers flattened results (`result/cram/seconds`): the nested dict under `prefix`."""
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        if key.startswith(prefix):
+            *parents, leaf = key[len(prefix):].split("/")
+            node = nested
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+    return nested

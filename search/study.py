@@ -44,9 +44,10 @@ def reconcile(study, tracker: StudyTracker, train: dict) -> dict[str, int]:
         number = int(run.data.tags[tracker.trial_tag])
         trial = study.trials[number]
         state = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed"}[trial.state.name]
-        reason = trial.user_attrs.get("failure_reason")
-        tracker.finish_trial(run.info.run_id, {"failed": "FAILED", "pruned": "KILLED"}.get(state, "FINISHED"),
-                             trial.user_attrs.get("metrics", {}), {"status": state, "failure_reason": reason}, {})
+        # A run the crash cut short is KILLED; one whose trial had ended gets the study's verdict.
+        status = "KILLED" if number in stale else {"failed": "FAILED", "pruned": "KILLED"}.get(state, "FINISHED")
+        tracker.finish_trial(run.info.run_id, status, trial.user_attrs.get("metrics", {}),
+                             {"status": state, "failure_reason": trial.user_attrs.get("failure_reason")}, {})
         closed += 1
     return {"stale_trials": len(stale), "closed_runs": closed}
 
@@ -107,11 +108,13 @@ def run_study(plan) -> int:
             with view.live():
                 tuner.fit()
         except KeyboardInterrupt:
+            tracker.finish_study("KILLED")  # `--resume` reopens it
             print(f"interrupted: resume with  python -m search.run --study {plan.study} --resume "
                   f"--trials {plan.trials}")
             return 130
         finally:
             ray.shutdown()
+    tracker.finish_study("FINISHED")
     view.final_table()
     return 0
 

@@ -32,9 +32,11 @@ from trainer.data import CorpusSource, prepare_data
 def trial_metrics(cram_result: dict, probe_result: dict | None) -> dict[str, float]:
     """The flat numbers of a finished trial: what the controller, ASHA and MLflow read."""
     metrics = {key: float(cram_result[key]) for key in
-               ("validation_loss", "tokens", "tokens_per_s", "params", "flops_per_token", "seconds", "steps")}
+               ("validation_loss", "tokens", "tokens_per_s", "params", "flops_per_token", "seconds",
+                "validation_seconds", "steps")}
     if probe_result is not None:
         metrics["probe_average"] = float(probe_result["average"])
+        metrics["probe_seconds"] = float(probe_result["seconds"]["total"])
         for task, values in probe_result["metrics"].items():
             for name, value in values.items():
                 metrics[f"glue.{task}.{name}"] = float(value)

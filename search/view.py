@@ -100,14 +100,20 @@ class StudyView:
                   if "repeat_of" not in t.user_attrs and key in t.user_attrs.get("metrics", {})]
         trials.sort(key=lambda t: -sign * t.user_attrs["metrics"][key])
         table = Table(title=f"top {min(top, len(trials))} of study {self.plan.study} by {key}")
-        for column in ("trial", key, "val MLM", "tokens/s", "params", "architecture", "MLflow run"):
+        columns = ["trial", key, "val MLM", "tokens/s", "params", "architecture", "MLflow run"]
+        if key == "validation_loss":
+            columns.remove("val MLM")  # it is the ranking column already
+        for column in columns:
             table.add_column(column, no_wrap=True)
         for trial in trials[:top]:
             metrics = trial.user_attrs["metrics"]
             run = self.tracker.find_trial_run(trial.number)
-            table.add_row(str(trial.number), f"{metrics[key]:.4f}", f"{metrics.get('validation_loss', float('nan')):.3f}",
-                          f"{metrics.get('tokens_per_s', 0):,.0f}", f"{metrics.get('params', 0) / 1e6:.1f}M",
-                          describe(trial.user_attrs["arch"]), run.info.run_id if run else "-")
+            cells = [str(trial.number), f"{metrics[key]:.4f}", f"{metrics.get('validation_loss', float('nan')):.3f}",
+                     f"{metrics.get('tokens_per_s', 0):,.0f}", f"{metrics.get('params', 0) / 1e6:.1f}M",
+                     describe(trial.user_attrs["arch"]), run.info.run_id if run else "-"]
+            if key == "validation_loss":
+                del cells[2]
+            table.add_row(*cells)
         self.console.print(table)
         counts = {k: v for k, v in self.counts.items() if v}
         print(f"this session: {counts or 'no trials'}; study store {self.plan.storage}")

@@ -7,6 +7,7 @@ agree run for run, with no run left RUNNING.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import mlflow
 import optuna
 import pytest
 import yaml
@@ -47,7 +49,8 @@ def check_stores_agree(tmp_path: Path, study_name: str, trials: int) -> tuple[op
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) for t in counted)
     runs = trial_runs(study_name, f"sqlite:///{tmp_path}/mlflow.db").to_dict("records")
     assert sorted(int(r["trial"]) for r in runs) == sorted(t.number for t in counted)  # one run each
-    status = {TrialState.COMPLETE: {"FINISHED"}, TrialState.PRUNED: {"KILLED"}, TrialState.FAIL: {"FAILED"}}
+    # KILLED for a failed trial: a run the driver's death cut short (see search.study.reconcile).
+    status = {TrialState.COMPLETE: {"FINISHED"}, TrialState.PRUNED: {"KILLED"}, TrialState.FAIL: {"FAILED", "KILLED"}}
     by_trial = {int(r["trial"]): r for r in runs}
     for trial in counted:
         assert by_trial[trial.number]["status"] in status[trial.state], trial.number
@@ -102,6 +105,9 @@ def test_probe_objective_and_failures_cost_only_their_trial(wiki_slice_dir, tmp_
     by_trial = {int(r["trial"]): r for r in runs}
     assert "injected fault" in by_trial[1]["tags.cramnas.failure_reason"]
     assert by_trial[2]["tags.cramnas.status"] == "failed"
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    result = json.loads(Path(client.download_artifacts(by_trial[0]["run_id"], "result.json", str(tmp_path))).read_text())
+    assert result["cram"]["tokens"] == 19968 and result["probe"]["tasks"] == ["rte", "stsb"]
     for trial in (0, 3):
         assert 0 <= study.trials[trial].values[0] <= 1  # the probe average
         assert 0 <= float(by_trial[trial]["metrics.glue.rte.accuracy"]) <= 1
@@ -216,6 +222,8 @@ def test_driver_killed_mid_study_resumes_to_the_exact_total(wiki_slice_dir, tmp_
     assert main([*args, "--resume"]) == 0
     study, runs = check_stores_agree(tmp_path, "killed", 8)
     assert all(r["status"] != "RUNNING" for r in runs)
+    died = [t.number for t in study.trials if t.user_attrs.get("failure_reason") == "driver died"]
+    assert all(r["status"] == "KILLED" for r in runs if int(r["trial"]) in died)
     assert all(t.user_attrs.get("failure_reason") == "driver died" for t in study.trials if t.state == TrialState.FAIL)
 
 

@@ -54,7 +54,7 @@ class CramResult:
     tokens: int
     steps: int
     micro_steps: int
-    seconds: float
+    seconds: float  # training wall-clock, what a time budget bounds
     tokens_per_s: float
     params: int
     flops_per_token: float
@@ -64,6 +64,7 @@ class CramResult:
     data_fingerprint: str
     arch_fingerprint: str
     code_version: str
+    validation_seconds: float = 0.0  # the held-out evaluation after training
     oom_halvings: int = 0
     final_micro_batch: int = 0
     loss_curve: list[tuple[int, float]] = field(default_factory=list)  # (tokens, train loss)
@@ -267,8 +268,10 @@ def cram_with_model(arch: ArchConfig, train: TrainConfig, data: PretrainData, bu
         torch.backends.cudnn.allow_tf32 = True
     trainer = _Trainer(arch, train, data, budget, on_progress, device)
     seconds, tokens_per_s = trainer.run()
+    evaluation_start = time.perf_counter()
+    held_out_loss = validation_loss(trainer.model, data, device)
     result = CramResult(
-        validation_loss=validation_loss(trainer.model, data, device),
+        validation_loss=held_out_loss, validation_seconds=time.perf_counter() - evaluation_start,
         tokens=trainer.tokens, steps=trainer.steps, micro_steps=trainer.micro_steps, seconds=seconds,
         tokens_per_s=tokens_per_s, params=trainer.model.num_params(), flops_per_token=trainer.flops_per_token,
         device=device_name(device), seed=train.seed, budget=budget.text, data_fingerprint=data.fingerprint,
