@@ -9,8 +9,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from glue import GlueError
 from search import controllers
-from search.searcher import CramnasSearcher, Outcome
+from search.searcher import CramnasSearcher
 from search.tracking import StudyTracker, TrackingError
 from search.view import StudyView
 from space import SpaceError
@@ -18,9 +19,8 @@ from trainer.budget import BudgetError
 from trainer.config import ConfigError
 from trainer.data import DataError
 
-from glue import GlueError  # noqa: E402 (after trainer: glue imports it)
-
-USER_ERRORS = (ValueError, SpaceError, BudgetError, ConfigError, DataError, GlueError, TrackingError)
+# Every cramnas user error is one of these ValueErrors (Optuna's study checks raise plain ValueError).
+USER_ERRORS = (SpaceError, BudgetError, ConfigError, DataError, GlueError, TrackingError, ValueError)
 
 # Ray's per-trial files (results, logs) go here unless RunConfig is told otherwise (STACK.md).
 RAY_RESULTS = Path(tempfile.gettempdir()) / "cramnas-ray"
