@@ -114,6 +114,17 @@ def test_probe_objective_and_failures_cost_only_their_trial(wiki_slice_dir, tmp_
         assert -1 <= float(by_trial[trial]["metrics.glue.stsb.spearman"]) <= 1
 
 
+def test_killed_worker_fails_only_its_trial(wiki_slice_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("CRAMNAS_INJECT_FAULT", "kill@1")  # SIGKILL of trial 1's worker process
+    code = main(study_args(tmp_path, wiki_slice_dir, "killed-worker", "--trials", "3", "--controller", "random",
+                           "--objective", "mlm", "--no-probe", "--no-early-stop", "--max-concurrent", "1"))
+    assert code == 0
+    study, runs = check_stores_agree(tmp_path, "killed-worker", 3)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    assert "worker died" in study.trials[1].user_attrs["failure_reason"]
+    assert {int(r["trial"]): r["status"] for r in runs}[1] == "FAILED"
+
+
 def test_repeated_architecture_is_not_trained_again(wiki_slice_dir, tmp_path):
     space = yaml.safe_load((PROFILE.parent / "tiny_space.yaml").read_text())
     space["params"] = {"qkv_bias": {"choice": [False]}}  # a space of one point: every later trial repeats it
