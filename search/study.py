@@ -9,18 +9,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from glue import GlueError
 from search import controllers
 from search.searcher import CramnasSearcher
-from search.tracking import StudyTracker, TrackingError
+from search.tracking import StudyTracker
 from search.view import StudyView
-from space import SpaceError
-from trainer.budget import BudgetError
-from trainer.config import ConfigError
-from trainer.data import DataError
 
-# Every cramnas user error is one of these ValueErrors (Optuna's study checks raise plain ValueError).
-USER_ERRORS = (SpaceError, BudgetError, ConfigError, DataError, GlueError, TrackingError, ValueError)
+# Every cramnas user error is a ValueError (SpaceError, BudgetError, ConfigError, DataError, GlueError,
+# TrackingError, UsageError), and so are Optuna's study checks.
+USER_ERRORS = (ValueError,)
 
 # Ray's per-trial files (results, logs) go here unless RunConfig is told otherwise (STACK.md).
 RAY_RESULTS = Path(tempfile.gettempdir()) / "cramnas-ray"
