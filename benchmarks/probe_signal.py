@@ -2,11 +2,12 @@
 
     CRAMNAS_CACHE=/tmp/cramnas-cache python benchmarks/probe_signal.py --data ../shared/data [--budget 5m]
 
-Crams `crammed-bert-cpu` (4 layers, 256 wide, vocab 8192) for the budget, then probes it and the
-same architecture at random initialisation, each with 3 probe seeds (the random encoder also
-draws a new initialisation per seed), with the default probe (glue.probe, ProbeLimits()) unless
-overridden. Prints every run, then a markdown table of mean +- std per entry and for the average,
-with the difference pretrained - random; the last line is the wall time of the probes.
+Crams `crammed-bert-cpu` (4 layers, 256 wide, vocab 8192; `--config` for another) for the budget,
+or takes `--checkpoint`, then probes it and the same architecture at random initialisation, each
+with 3 probe seeds (the random encoder also draws a new initialisation per seed), with the default
+probe (glue.probe, ProbeLimits()) unless overridden. Prints every run, then a markdown table of
+mean +- std per entry and for the average, with the difference pretrained - random; the last line
+is the wall time of the probes.
 """
 
 from __future__ import annotations
@@ -43,14 +44,15 @@ def main() -> None:
     parser.add_argument("--max-train-examples", type=int, default=ProbeLimits.max_train_examples)
     parser.add_argument("--max-seconds-per-task", type=float, default=ProbeLimits.max_seconds_per_task)
     parser.add_argument("--checkpoint", help="probe this pretrained checkpoint instead of cramming one")
+    parser.add_argument("--config", default=str(CONFIG), help="run config to cram (default: crammed-bert-cpu)")
     args = parser.parse_args()
 
-    run = load_run_config(CONFIG)
-    data = prepare_data(CorpusSource.from_args(data_dir=args.data), vocab_size=run.arch.vocab_size,
-                        seq_len=run.arch.max_seq_len)
+    run = load_run_config(args.config)
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = args.checkpoint
         if checkpoint is None:
+            data = prepare_data(CorpusSource.from_args(data_dir=args.data), vocab_size=run.arch.vocab_size,
+                                seq_len=run.arch.max_seq_len)
             checkpoint = Path(scratch) / "pretrained"
             result = cram(run.arch, run.train, data, Budget.parse(args.budget), out_dir=checkpoint)
             print(f"crammed {run.name} for {args.budget}: {result.tokens:,} tokens, "
@@ -61,7 +63,8 @@ def main() -> None:
         seconds: dict[str, list[float]] = {"pretrained": [], "random": []}
         for seed in range(args.seeds):
             torch.manual_seed(seed)
-            encoders = {"pretrained": pretrained, "random": CrammedBert(run.arch).eval()}
+            # The random encoder is the checkpoint's architecture, freshly initialised.
+            encoders = {"pretrained": pretrained, "random": CrammedBert(pretrained.arch).eval()}
             limits = ProbeLimits(max_train_examples=args.max_train_examples,
                                  max_seconds_per_task=args.max_seconds_per_task, seed=seed, data_dir=args.data)
             for name, encoder in encoders.items():
@@ -73,7 +76,8 @@ def main() -> None:
                 print(f"seed {seed} {name:>10}: {shown} average={100 * outcome.average:.1f} "
                       f"({outcome.seconds['total']:.1f} s)")
 
-    print(f"\n| entry (main metric x 100) | pretrained ({args.budget}) | random init | difference |")
+    pretrained_label = Path(args.checkpoint).name if args.checkpoint else args.budget
+    print(f"\n| entry (main metric x 100) | pretrained ({pretrained_label}) | random init | difference |")
     print("|---|---|---|---|")
     for entry, values in scores["pretrained"].items():
         random_values = scores["random"][entry]

@@ -82,6 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = Path(args.checkpoint)
     tasks = args.tasks or ("all" if args.protocol == "sane" else ",".join(DEFAULT_PROBE_TASKS))
     try:  # every user error surfaces here, before the first fine-tuning step
+        if args.seeds is not None and args.seeds < 1:
+            raise GlueError(f"--seeds: must be at least 1, got {args.seeds}")
+        for flag, field, value in (("--max-train-examples", "max_train_examples", args.max_train_examples),
+                                   ("--max-seconds-per-task", "max_seconds", args.max_seconds_per_task)):
+            if value <= 0:
+                raise GlueError(f"{flag}: {field} must be positive, got {value:g}; it caps the probe's fine-tuning "
+                                "per task")
         if not checkpoint.is_dir():
             raise GlueError(f"checkpoint {checkpoint} is not a directory; pass one written by trainer.cram --out")
         if not os.access(checkpoint, os.W_OK):

@@ -37,14 +37,20 @@ def export(study_name: str, rank_by: str | None = None, out: str | Path | None =
     import optuna
 
     from search.stores import study_storage
-    from search.tracking import StudyTracker
+    from search.tracking import StudyTracker, TrackingError, _sqlite_path, resolve_uri
     from space.arch import ArchConfig
     from trainer.config import RunConfig, TrainConfig
 
     storage = study_storage(tracking_uri, storage)
-    if study_name not in optuna.study.get_all_study_names(storage):
-        raise ExportError(f"--study: no study {study_name!r} in {storage}; pass the --tracking-uri or --storage "
-                          f"the search used")
+    fix = "pass the --tracking-uri or --storage the search used"
+    if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):].split("?", 1)[0]).is_file():
+        raise ExportError(f"--study: no study store at {storage} (opening it would create an empty one); {fix}")
+    try:
+        names = optuna.study.get_all_study_names(storage)
+    except Exception as error:  # noqa: BLE001 - SQLAlchemy's errors for a bad URL, driver or file
+        raise ExportError(f"--storage: cannot open {storage} ({str(error).splitlines()[0]}); {fix}") from None
+    if study_name not in names:
+        raise ExportError(f"--study: no study {study_name!r} in {storage}; {fix}")
     study = optuna.load_study(study_name=study_name, storage=storage)
     rank_by = rank_by or ("mlm" if study.user_attrs.get("objective") == "mlm" else "probe")
     if rank_by not in RANKINGS:
@@ -53,7 +59,13 @@ def export(study_name: str, rank_by: str | None = None, out: str | Path | None =
     path = Path(out) if out else PROJECT / "trainer" / "configs" / f"{study_name}-best.yaml"
     if not force and not path.resolve().is_relative_to(PROJECT):
         raise ExportError(f"--out: {path} is outside the project {PROJECT}; pass --force to write there")
-    run = StudyTracker(tracking_uri, study_name).find_trial_run(trial.number)
+    mlflow_db = _sqlite_path(resolve_uri(tracking_uri))
+    if mlflow_db is not None and not mlflow_db.is_file():  # opening it would create an empty store
+        raise ExportError(f"--tracking-uri: no MLflow store at {mlflow_db}; pass the --tracking-uri the search used")
+    try:
+        run = StudyTracker(tracking_uri, study_name).find_trial_run(trial.number)
+    except TrackingError as error:  # the study's runs are in another store, or its server is away
+        raise ExportError(f"--tracking-uri: {error}; pass the --tracking-uri the search used") from None
     provenance = {
         "study": study_name, "trial": trial.number, "mlflow_run_id": run.info.run_id if run else None,
         "rank_by": key, "score": trial.user_attrs["metrics"][key], "budget": study.user_attrs.get("budget"),

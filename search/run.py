@@ -51,6 +51,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cache-dir", help="token cache (default: $CRAMNAS_CACHE or ~/.cache/cramnas)")
     parser.add_argument("--no-early-stop", action="store_true", help="no ASHA: every trial runs its full budget")
     parser.add_argument("--no-probe", action="store_true", help="skip the GLUE probe (objective mlm only)")
+    parser.add_argument("--save-checkpoints", action="store_true",
+                        help="write each trial's trained model to checkpoints/<study>/t0007/ beside the MLflow "
+                             "store (tag cramnas.checkpoint)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", help="device profile: cpu, gpu or a profile YAML (default: gpu if CUDA is present)")
     return parser.parse_args(argv)
@@ -91,16 +94,73 @@ def default_profile() -> str:
     return "gpu" if torch.cuda.is_available() else "cpu"
 
 
+PROFILE_KEYS = {"space": str, "run_config": str, "budget": str, "probe": dict, "resources": dict, "early_stop": dict}
+
+
+def load_profile(path: Path) -> dict[str, Any]:
+    """A device profile (search/profiles/*.yaml), its keys checked so that a gap is one line, not a KeyError."""
+    fix = f"see {PROFILES / 'cpu.yaml'} for a complete profile"
+    try:
+        profile = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise UsageError(f"--profile: {path.name} is not valid YAML ({problem}{where}); {fix}") from None
+    if not isinstance(profile, dict):
+        raise UsageError(f"--profile: {path.name} must be a mapping of settings; {fix}")
+    for key, kind in PROFILE_KEYS.items():
+        if not isinstance(profile.get(key), kind):
+            raise UsageError(f"--profile: {path.name} needs {key} ({kind.__name__}), got {profile.get(key)!r}; {fix}")
+    for section, keys in (("probe", ("tasks", "limits")), ("resources", ("cpus_per_trial", "gpus_per_trial")),
+                          ("early_stop", ("grace_reports", "reduction_factor"))):
+        missing = [key for key in keys if key not in profile[section]]
+        if missing:
+            raise UsageError(f"--profile: {path.name}: {section} lacks {', '.join(missing)}; {fix}")
+    if not isinstance(profile.get("train", {}), dict):
+        raise UsageError(f"--profile: {path.name}: train must be a mapping of training settings; {fix}")
+    return profile
+
+
+def check_local_resources(resources: dict[str, float]) -> None:
+    """A local Ray never places a trial that asks for more than this machine has: the study would
+    wait forever. (A cluster may have more, so `--address` skips this.)"""
+    if not any(resources.values()):
+        raise UsageError("--cpus-per-trial: a trial needs a CPU or a GPU, got 0 of each; pass --cpus-per-trial 1")
+    have = {"cpu": os.cpu_count() or 1, "gpu": 0}
+    if resources["gpu"] > 0:
+        import torch  # seconds to import: only when GPUs are asked for
+
+        have["gpu"] = torch.cuda.device_count()
+    for kind, amount in resources.items():
+        if amount > have[kind]:
+            raise UsageError(f"--{kind}s-per-trial: a trial asks for {amount:g} {kind.upper()}s but this machine has "
+                             f"{have[kind]}; ask for at most {have[kind]} with --{kind}s-per-trial, or join a "
+                             "cluster with --address")
+
+
+def check_storage(storage: str) -> str:
+    """Open the Optuna storage now: a bad URL fails before the data is prepared, in one line."""
+    import optuna
+
+    try:
+        optuna.storages.get_storage(storage)
+    except Exception as error:  # noqa: BLE001 - SQLAlchemy's errors for a bad URL, driver or file
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UsageError(f"--storage (or $CRAMNAS_STUDY_STORAGE): cannot open {storage} ({reason}); pass an "
+                         "SQLAlchemy URL such as sqlite:///optuna.db") from None
+    return storage
+
+
 def make_plan(args: argparse.Namespace) -> Plan:
-    """Check every input and prepare the data; raises UsageError (or a library's one-line error)."""
-    from glue.data import resolve_tasks
+    """Check every input and prepare the data; raises UsageError (or a library's one-line error).
+
+    Cheapest first: flags, profile, space, budget and training settings are checked before torch,
+    datasets or MLflow are even imported, so a typo fails in a second; the data is prepared last."""
     from search import controllers
-    from search.stores import study_storage
-    from search.tracking import check_store
     from space import load_space
     from trainer.budget import Budget
     from trainer.config import TrainConfig, load_run_config
-    from trainer.data import CorpusSource, prepare_data
 
     if args.trials < 1:
         raise UsageError(f"--trials: must be at least 1, got {args.trials}")
@@ -108,11 +168,20 @@ def make_plan(args: argparse.Namespace) -> Plan:
         raise UsageError("--resume: needs --study NAME (the study to continue)")
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UsageError(f"--max-concurrent: must be at least 1, got {args.max_concurrent}")
+    if args.seed < 0:  # Optuna's samplers take seeds in [0, 2**32)
+        raise UsageError(f"--seed: must not be negative, got {args.seed}")
+    for flag, amount in (("--cpus-per-trial", args.cpus_per_trial), ("--gpus-per-trial", args.gpus_per_trial)):
+        if amount is not None and amount < 0:
+            raise UsageError(f"{flag}: must not be negative, got {amount:g}")
+    if os.environ.get("CRAMNAS_INJECT_FAULT"):  # a typo would inject nothing, silently
+        from search.trial import parse_faults
+
+        parse_faults(os.environ["CRAMNAS_INJECT_FAULT"])
     profile_path = Path(args.profile) if args.profile and args.profile.endswith(".yaml") else \
         PROFILES / f"{args.profile or default_profile()}.yaml"
     if not profile_path.is_file():
         raise UsageError(f"--profile: {args.profile!r} is neither cpu, gpu nor an existing profile YAML")
-    profile = yaml.safe_load(profile_path.read_text())
+    profile = load_profile(profile_path)
     args.objective = args.objective or profile.get("objective", "probe")
     objective = controllers.OBJECTIVES[args.objective]
     if args.no_probe and "probe" in args.objective:
@@ -124,27 +193,50 @@ def make_plan(args: argparse.Namespace) -> Plan:
     budget = Budget.parse(args.budget or profile["budget"])
     train = TrainConfig.from_dict({**load_run_config(_beside(profile_path, profile["run_config"], CONFIGS)).train.to_dict(),
                                    **profile.get("train", {})}, where=f"{profile_path.name}: train")
-    resources = {"cpu": args.cpus_per_trial or profile["resources"]["cpus_per_trial"],
+    resources = {"cpu": args.cpus_per_trial if args.cpus_per_trial is not None else profile["resources"]["cpus_per_trial"],
                  "gpu": args.gpus_per_trial if args.gpus_per_trial is not None else profile["resources"]["gpus_per_trial"]}
-    for kind, amount in resources.items():
-        if amount < 0:
-            raise UsageError(f"--{kind}s-per-trial: must not be negative, got {amount}")
+    if not args.address:
+        check_local_resources(resources)
 
-    tracking_uri = check_store(args.tracking_uri)  # $MLFLOW_TRACKING_URI or sqlite:///mlflow.db by default
-    storage = study_storage(tracking_uri, args.storage)
+    from glue.data import resolve_tasks, why_unavailable
+    from search.stores import checkpoint_dir, study_storage
+    from search.tracking import check_store
+    from trainer.data import CorpusSource, prepare_data
 
+    if args.data:  # Ray workers run in another working directory: give them the absolute path
+        args.data = str(Path(args.data).resolve())
     corpus = {"data_dir": args.data, "corpus": args.corpus}
-    fixed = space.fixed
-    data = prepare_data(CorpusSource.from_args(**corpus), vocab_size=fixed.get("vocab_size", 32768),
-                        seq_len=fixed.get("max_seq_len", 128), cache_dir=args.cache_dir)
+    source = CorpusSource.from_args(**corpus)  # files found (or a hub id taken) now; read and tokenised below
     probe = None
     if not args.no_probe:
-        tasks = resolve_tasks(profile["probe"]["tasks"], args.data)  # every task present, or one clear error
+        spec = profile["probe"]["tasks"]  # names checked here, their files below (one line naming the profile)
+        tasks = resolve_tasks(spec, args.data if spec == "available" else None)
+        for task in tasks if args.data else ():
+            reason = why_unavailable(task, args.data)
+            if reason is not None:
+                raise UsageError(f"--data: the probe's GLUE task {task.name} ({profile_path.name}: probe.tasks): "
+                                 f"{reason}; add it, drop it from probe.tasks, or pass --no-probe --objective mlm")
         probe = {"tasks": [task.name for task in tasks], "limits": {**profile["probe"]["limits"], "data_dir": args.data}}
 
+    tracking_uri = check_store(args.tracking_uri)  # $MLFLOW_TRACKING_URI or sqlite:///mlflow.db by default
+    storage = check_storage(study_storage(tracking_uri, args.storage))
+    fixed = space.fixed
+    data = prepare_data(source, vocab_size=fixed.get("vocab_size", 32768),
+                        seq_len=fixed.get("max_seq_len", 128), cache_dir=args.cache_dir)
+
     study = args.study or f"cramnas-{args.controller}-{time.strftime('%Y%m%d-%H%M%S')}"
+    checkpoints = None
+    if args.save_checkpoints:
+        checkpoints = checkpoint_dir(tracking_uri, study)
+        try:
+            checkpoints.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UsageError(f"--save-checkpoints: cannot create {checkpoints} ({error.strerror}); "
+                             "run from a writable directory or pass --tracking-uri sqlite:///<writable>/mlflow.db") from None
     template = {"train": train.to_dict(), "budget": budget.text, "corpus": corpus, "probe": probe,
-                "cache_dir": str(args.cache_dir) if args.cache_dir else None, "data_fingerprint": data.fingerprint}
+                "cache_dir": str(Path(args.cache_dir).resolve()) if args.cache_dir else None,
+                "data_fingerprint": data.fingerprint,
+                "checkpoint_dir": str(checkpoints) if checkpoints else None}
     early_stop = None if args.no_early_stop or objective.multi else profile["early_stop"]
     cpus = os.cpu_count() or 1
     concurrent = args.max_concurrent or max(1, int(cpus // max(resources["cpu"], 1)))
@@ -165,13 +257,19 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     # A failed or repeated trial's one report has no training loss for ASHA; it ends the trial anyway.
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
-    from search.study import USER_ERRORS, run_study
-
-    try:
+    # MLflow's own HTTP retries (7, backing off up to 2 minutes each) would make every write to a
+    # stopped tracking server take minutes and could replay a create; search.tracking.Retry retries.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    try:  # before search.study imports Ray: a bad input fails before any of that loads
         plan = make_plan(args)
-    except USER_ERRORS as error:
+    # Every cramnas user error is a ValueError (SpaceError, BudgetError, ConfigError, DataError,
+    # GlueError, TrackingError, UsageError), and so are Optuna's study checks.
+    except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    from search.study import run_study
+
     return run_study(plan)
 
 

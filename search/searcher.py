@@ -5,11 +5,13 @@ architecture and MLflow gets its run. Every report of the worker comes back thro
 `on_trial_result` and is logged to MLflow in one call; `on_trial_complete` tells the study how
 the trial ended (complete, pruned by ASHA, failed) and closes the MLflow run. Both records are
 written here, in the driver, one right after the other; `search.run` reconciles the two on resume
-if the driver died between them.
+if the driver died between them. MLflow writes go through `PendingWrites`: while the tracking
+server is down they are held, in order, and trials run on; `drain` writes what is left at the end.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,13 +19,13 @@ from typing import Any
 from ray.tune.search import Searcher
 
 from search import controllers
-from search.tracking import StudyTracker
+from search.tracking import PendingWrites, StudyTracker
 
 
 @dataclass
 class LiveTrial:
     number: int
-    run_id: str
+    run_id: str | None  # None until MLflow has taken the run (held while the server is down)
     proposal: controllers.Proposal
     curve: list[tuple[int, float]] = field(default_factory=list)  # (report index, train MLM loss)
     last: dict[str, Any] = field(default_factory=dict)
@@ -37,7 +39,7 @@ class Outcome:
     state: str  # complete | pruned | failed | repeat
     metrics: dict[str, float]
     proposal: controllers.Proposal
-    run_id: str
+    run_id: str | None  # None while the run's creation is held (MLflow unreachable)
     reason: str | None = None
 
 
@@ -49,6 +51,7 @@ class CramnasSearcher(Searcher):
         self.study, self.space, self.objective, self.tracker = study, space, objective, tracker
         self.template, self.tags, self.on_outcome = template, tags, on_outcome
         self.live: dict[str, LiveTrial] = {}
+        self.writes = PendingWrites(tracker.reachable)
 
     def __getstate__(self) -> dict:
         # Ray pickles the Tuner, searcher included, for its own experiment restore, which cramnas
@@ -69,9 +72,14 @@ class CramnasSearcher(Searcher):
         proposal = controllers.ask(self.study, self.space)
         lineage = {"generation": proposal.generation, "parent_trial": proposal.parent_trial,
                    "mutation": proposal.mutation, "repeat_of": proposal.repeat_of}
-        run_id = self.tracker.trial_run(proposal.number, proposal.config.to_dict(), self.template["train"],
-                                        {**self.tags, **{k: v for k, v in lineage.items() if v is not None}})
-        self.live[trial_id] = LiveTrial(proposal.number, run_id, proposal)
+        trial = self.live[trial_id] = LiveTrial(proposal.number, None, proposal)
+        tags = {**self.tags, **{k: v for k, v in lineage.items() if v is not None}}
+
+        def start_run() -> None:
+            trial.run_id = self.tracker.trial_run(proposal.number, proposal.config.to_dict(),
+                                                  self.template["train"], tags)
+
+        self.writes.submit(f"starting the run of trial {proposal.number}", start_run)
         spec = {**self.template, "trial_number": proposal.number, "arch": proposal.config.to_dict()}
         if proposal.repeat_of is not None:
             spec["repeat_of"] = proposal.repeat_of
@@ -85,9 +93,11 @@ class CramnasSearcher(Searcher):
         trial.last = result
         if not result.get("final"):
             trial.curve.append((len(trial.curve) + 1, float(result["mlm_loss"])))
-            self.tracker.log_progress(trial.run_id, int(result["tokens"]), {
-                "train_loss": result["mlm_loss"], "tokens_per_s": result["tokens_per_s"],
-                "budget_fraction": result["budget_fraction"]})
+            tokens, stamp = int(result["tokens"]), _now_ms()
+            metrics = {"train_loss": result["mlm_loss"], "tokens_per_s": result["tokens_per_s"],
+                       "budget_fraction": result["budget_fraction"]}
+            self.writes.submit(f"trial {trial.number}'s progress",
+                               lambda: self.tracker.log_progress(trial.run_id, tokens, metrics, stamp))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         trial = self.live.pop(trial_id, None)
@@ -117,8 +127,11 @@ class CramnasSearcher(Searcher):
         if "traceback" in last:
             artifacts["traceback.txt"] = last["traceback"]
         status = {"failed": "FAILED", "pruned": "KILLED"}.get(state, "FINISHED")
-        self.tracker.finish_trial(trial.run_id, status, metrics,
-                                  {"status": state, "failure_reason": reason}, artifacts)
+        tags, stamp = {"status": state, "failure_reason": reason}, _now_ms()
+        if last.get("checkpoint_path"):  # written by the worker (search.run --save-checkpoints)
+            tags["checkpoint"] = last["checkpoint_path"]
+        self.writes.submit(f"finishing the run of trial {trial.number}", lambda: self.tracker.finish_trial(
+            trial.run_id, status, metrics, tags, artifacts, timestamp_ms=stamp))
         if self.on_outcome:
             self.on_outcome(Outcome(trial.number, state, metrics, trial.proposal, trial.run_id, reason))
 
@@ -126,6 +139,10 @@ class CramnasSearcher(Searcher):
 # Ray's own bookkeeping in every result, and `mlm_loss` (ASHA's copy of validation_loss at the end).
 _NOT_METRICS = {"final", "failed", "repeat_of", "trial_id", "done", "pid", "timestamp", "time_this_iter_s",
                 "time_total_s", "time_since_restore", "iterations_since_restore", "training_iteration", "mlm_loss"}
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _is_metric(key: str, value: Any) -> bool:

@@ -7,22 +7,27 @@ Layout (DESIGN.md, "Tracking"):
 - one *trial run* per trial number, nested under the study run (`mlflow.parentRunId`), named
   `t0007-<fingerprint>`, tagged `cramnas.kind=trial` and `cramnas.trial=7`. Params `arch.<field>`,
   `train.<field>` and `budget`; lineage tags `cramnas.parent_trial` / `cramnas.parent_run_id`;
-  metrics `train_loss`, `tokens_per_s`, ... over tokens seen, final `validation_mlm_loss`,
+  metrics `train_loss`, `tokens_per_s`, ... over tokens seen, final `validation_loss`,
   `glue.<task>.<metric>`, `probe_average`; artifacts `arch.yaml` and `result.json`.
 
 Every run is found again by its tags, never remembered in memory, so a driver that crashes and
 resumes reuses the study run and each trial's run instead of creating second ones. All calls go
 through `MlflowClient` with explicit run ids (trials log from Ray workers, where MLflow's global
-active-run state would be wrong) and through `Retry`, so a tracking server that restarts costs a
-pause, not a study.
+active-run state would be wrong) and through `Retry`; the study driver also holds back writes
+that `Retry` gives up on (`PendingWrites`), so a tracking server that restarts costs neither the
+study nor a record. The tag `cramnas.checkpoint` holds the path of a trial's checkpoint when the
+study saves them (`search.run --save-checkpoints`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
+import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 import requests
+import yaml
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
@@ -45,6 +51,11 @@ TRIAL_STATUS = {"FINISHED": "complete", "KILLED": "pruned", "FAILED": "failed"}
 
 class TrackingError(ValueError):
     """The tracking store cannot be used; the one-line message names the URI and the fix."""
+
+
+class TrackingUnavailable(TrackingError):
+    """The store kept failing transiently (down, restarting, locked) until the retry deadline:
+    the write may succeed later, unlike the permanent errors TrackingError stands for."""
 
 
 # ---- tracking URI and store check ---------------------------------------------------------------
@@ -121,9 +132,10 @@ class Retry:
     """Call a function, retrying transient failures with exponential backoff for `timeout_s`.
 
     A permanent MLflow error (invalid parameter, changed param value, ...) raises `TrackingError` at
-    once; a transient one is retried until the deadline, then raises `TrackingError`; any other
-    exception is a bug and propagates untouched. Over HTTP each failing call may itself take a
-    while: MLflow retries connections internally (`MLFLOW_HTTP_REQUEST_MAX_RETRIES`).
+    once; a transient one is retried until the deadline, then raises `TrackingUnavailable`; any
+    other exception is a bug and propagates untouched. Over HTTP each failing call may itself take
+    a while: MLflow retries connections internally (`MLFLOW_HTTP_REQUEST_MAX_RETRIES`, 7 tries with
+    backoff up to 2 minutes, by default), which `search.run` turns off so that this deadline holds.
     """
 
     timeout_s: float = 60.0
@@ -146,12 +158,77 @@ class Retry:
                     raise
                 remaining = start + self.timeout_s - self.clock()
                 if remaining <= 0:
-                    raise TrackingError(
+                    raise TrackingUnavailable(
                         f"{what}: still failing after {tries} tries over {self.clock() - start:.0f} s "
                         f"({_first_line(error)}); check that the tracking store is up and reachable"
                     ) from error
                 self.sleep(min(delay, remaining))
                 delay = min(2 * delay, self.max_delay_s)
+
+
+class PendingWrites:
+    """Tracking writes in order, holding back those the store cannot take now.
+
+    A study must neither die nor stall while its tracking server restarts: the driver's writes run
+    inside Ray Tune's event loop, and a worker waits at each report until the loop takes it, so a
+    write blocked on a dead server pauses every trial. A write that fails with
+    `TrackingUnavailable` (its `Retry` gave up) is queued, and so is everything after it, since
+    order matters (a run is created before its metrics and closed last). Later writes replay the
+    queue once `reachable()` says the store answers again, checking at most every `every_s`
+    seconds; `drain` waits for the rest at the end of the study. Every write must be safe to
+    repeat: one that "failed" may have reached the store before its reply was lost
+    (`StudyTracker` finds runs by tag before creating them and fixes metric timestamps).
+    """
+
+    def __init__(self, reachable: Callable[[], bool], every_s: float = 5.0,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+                 say: Callable[[str], None] = print) -> None:
+        self.reachable, self.every_s, self.sleep, self.clock, self.say = reachable, every_s, sleep, clock, say
+        self.queue: deque[tuple[str, Callable[[], Any]]] = deque()
+        self.held_since: float | None = None  # when the first held write failed
+        self.checked = float("-inf")  # when reachability was last checked
+        self.error = ""
+
+    def submit(self, what: str, write: Callable[[], Any]) -> None:
+        """Write now, or queue behind the writes already held."""
+        self.queue.append((what, write))
+        self.flush()
+
+    def flush(self) -> bool:
+        """Replay held writes if the store answers (checked at most every `every_s`); True when none are left."""
+        if self.held_since is not None:
+            if self.clock() - self.checked < self.every_s:
+                return False
+            self.checked = self.clock()
+            if not self.reachable():
+                return False
+        while self.queue:
+            _, write = self.queue[0]
+            try:
+                write()
+            except TrackingUnavailable as error:
+                if self.held_since is None:
+                    self.held_since = self.checked = self.clock()
+                    self.say(f"MLflow unreachable: holding its records and carrying on ({_first_line(error)})")
+                self.error = _first_line(error)
+                return False
+            except Exception:
+                self.queue.popleft()  # a permanent error is a bug, not an outage: never replay it
+                raise
+            self.queue.popleft()
+        if self.held_since is not None:
+            self.say(f"MLflow reachable again after {self.clock() - self.held_since:.0f} s: held records written")
+            self.held_since = None
+        return True
+
+    def drain(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the held writes to go through; TrackingUnavailable if they cannot."""
+        deadline = self.clock() + timeout_s
+        while not self.flush():
+            if self.clock() >= deadline:
+                raise TrackingUnavailable(f"{len(self.queue)} records (first: {self.queue[0][0]}) still not "
+                                          f"written after waiting {timeout_s:.0f} s ({self.error})")
+            self.sleep(min(self.every_s, max(deadline - self.clock(), 0.0)))
 
 
 def _first_line(error: BaseException, limit: int = 300) -> str:
@@ -201,23 +278,6 @@ def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
     return {name: float(value) for name, value in flat.items()}
 
 
-def result_metrics(cram: Mapping[str, Any], probe: Mapping[str, Any] | None = None) -> dict[str, float]:
-    """Final metrics of a trial from `CramResult.to_dict()` and, if probed, `ProbeResult.to_dict()`."""
-    metrics = {
-        "validation_mlm_loss": cram["validation_loss"],
-        "tokens": cram["tokens"],
-        "steps": cram["steps"],
-        "seconds": cram["seconds"],
-        "tokens_per_s": cram["tokens_per_s"],
-        "params": cram["params"],
-        "flops_per_token": cram["flops_per_token"],
-    }
-    if probe is not None:
-        metrics["glue"] = probe["metrics"]  # entry -> metric -> value: glue.<task>.<metric>
-        metrics["probe_average"] = probe["average"]
-    return _numbers(metrics)
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -260,6 +320,16 @@ class StudyTracker:
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return self.retry(f"{what} (study {self.study_name!r}, MLflow at {self.uri})", fn, *args, **kwargs)
+
+    def reachable(self) -> bool:
+        """One untried call to the store: is it answering now? (`PendingWrites` asks before replaying.)"""
+        try:
+            self.client.search_experiments(max_results=1)
+        except Exception as error:  # transient ones mean "not now"; others are bugs
+            if is_transient(error):
+                return False
+            raise
+        return True
 
     def _log_batch(self, what: str, run_id: str, metrics: Sequence[Metric] = (),
                    params: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None) -> None:
@@ -314,7 +384,7 @@ class StudyTracker:
         """Create the study run, or reuse it on resume; return its run id.
 
         `info` holds the study's settings, e.g. `{"controller": "tpe", "objective":
-        "validation_mlm_loss", "space": "space/spaces/crammed_bert.yaml", "budget": "600s",
+        "validation_loss", "space": "space/spaces/crammed_bert.yaml", "budget": "600s",
         "code_version": "...", "train": TrainConfig.to_dict()}`. Scalars become tags
         (`cramnas.<key>`) and params; nested mappings become dotted params (`train.lr`). On resume
         the tags are updated (the code version may have moved on) and new params are added, but a
@@ -419,29 +489,35 @@ class StudyTracker:
                         params=trial_params(arch, train, budget), tags=run_tags)
         return run_id
 
-    def log_progress(self, run_id: str, step_tokens: int, metrics: Mapping[str, Any]) -> None:
-        """One progress report (`train_loss`, `tokens_per_s`, `budget_fraction`, ...) at step = tokens seen."""
-        timestamp = _now_ms()
+    def log_progress(self, run_id: str, step_tokens: int, metrics: Mapping[str, Any],
+                     timestamp_ms: int | None = None) -> None:
+        """One progress report (`train_loss`, `tokens_per_s`, `budget_fraction`, ...) at step = tokens seen.
+
+        `timestamp_ms` (default: now) is fixed by a caller that may send the report again
+        (`PendingWrites`): MLflow drops a metric point identical to one it has, so a repeat after a
+        lost reply adds nothing."""
+        timestamp = _now_ms() if timestamp_ms is None else timestamp_ms
         batch = [Metric(name, value, timestamp, int(step_tokens)) for name, value in _numbers(metrics).items()]
         self._log_batch("logging progress", run_id, metrics=batch)
 
     def finish_trial(self, run_id: str, status: str, metrics: Mapping[str, Any] | None = None,
                      tags: Mapping[str, Any] | None = None, artifacts: Mapping[str, str | dict] | None = None,
-                     loss_curve: Sequence[tuple[int, float]] = ()) -> None:
+                     loss_curve: Sequence[tuple[int, float]] = (), timestamp_ms: int | None = None) -> None:
         """Final metrics, loss curve, status tags and artifacts of a trial; then end its run.
 
         `metrics` may nest (`{"glue": {"sst2": {"accuracy": 0.8}}}` -> `glue.sst2.accuracy`);
-        `result_metrics` builds them from the trial's results. They are logged at step = `tokens`
+        `search.trial.trial_metrics` builds them from the trial's results. They are logged at step = `tokens`
         (the trial's last step) so that `tokens_per_s` ends where its progress series ends.
         `loss_curve` points already logged by `log_progress` are not logged twice. `tags` uses short
         keys: status (complete, pruned, failed or repeat; by default from `status`) and
         failure_reason. `artifacts` maps a file name to text or a dict, written as YAML or JSON by
-        its extension: by convention `arch.yaml` (the arch dict) and `result.json`.
+        its extension: by convention `arch.yaml` (the arch dict) and `result.json`. `timestamp_ms`:
+        see `log_progress`; every step here may be repeated without duplicating anything.
         """
         self._check_status(status)
         final = _numbers(metrics or {})
         step = int(final.get("tokens", 0))
-        timestamp = _now_ms()
+        timestamp = _now_ms() if timestamp_ms is None else timestamp_ms
         batch = [Metric(name, value, timestamp, step) for name, value in final.items()]
         if loss_curve:
             logged = {m.step for m in self._call("reading the loss curve", self.client.get_metric_history,
@@ -457,6 +533,17 @@ class StudyTracker:
                 self._call(f"writing {name}", self.client.log_dict, run_id, content, name)
         self._call("ending the trial run", self.client.set_terminated, run_id, status=status)
 
+    def read_artifact(self, run_id: str, name: str) -> Any:
+        """A run's artifact as `finish_trial` wrote it: `*.yaml`/`*.json` parsed, other files as
+        text; None when the run has no such artifact."""
+        if name not in {item.path for item in self._call("listing artifacts", self.client.list_artifacts, run_id)}:
+            return None
+        with tempfile.TemporaryDirectory() as tmp:
+            text = Path(self._call(f"reading {name}", self.client.download_artifacts, run_id, name, tmp)).read_text()
+        if name.endswith(".json"):
+            return json.loads(text)
+        return yaml.safe_load(text) if name.endswith((".yaml", ".yml")) else text
+
     def mark_stale_runs_killed(self) -> list[str]:
         """End as KILLED the trial runs a dead driver left RUNNING; return their run ids.
 
@@ -470,50 +557,115 @@ class StudyTracker:
             self._call("ending a stale run", self.client.set_terminated, run.info.run_id, status="KILLED")
         return [run.info.run_id for run in stale]
 
+    # ---- confirmation runs (search.confirm) ----
+
+    def find_confirmation_run(self, original_run_id: str, seed: int, budget: str) -> Run | None:
+        """The run that re-trained trial run `original_run_id` with `seed` under `budget`, if any."""
+        runs = self._search(f"tags.`{TAG}kind` = 'confirmation' and tags.`{TAG}confirmation_of` = "
+                            f"'{original_run_id}' and tags.`{TAG}seed` = '{int(seed)}' and "
+                            f"tags.`{TAG}budget` = '{budget}'")
+        return runs[0] if runs else None
+
+    def confirmation_run(self, original_run_id: str, trial_number: int, seed: int, index: int,
+                         arch: Mapping[str, Any], train: Mapping[str, Any], budget: str,
+                         fingerprint: str | None = None) -> str:
+        """The run re-training trial `trial_number`'s architecture (its run `original_run_id`) with
+        `seed` under `budget`: nested under the study run, named `confirm-t0007-s1` (`index` = 1),
+        tagged `cramnas.kind=confirmation`, `confirmation_of`, `original_trial`, `seed`, `budget`
+        and `fingerprint`, with the params of a trial run. Created on the first call; a later call
+        returns the same run, reopened, so a re-done confirmation never makes a second run. Its
+        results go through `finish_trial`.
+        """
+        study = self.study_run()
+        lookup = {  # set with the run itself, so the run can never exist unfindable
+            TAG + "kind": "confirmation",
+            TAG + "confirmation_of": original_run_id,
+            TAG + "original_trial": str(int(trial_number)),
+            TAG + "seed": str(int(seed)),
+            TAG + "budget": budget,
+            "mlflow.parentRunId": study.info.run_id,
+            **_tags({"fingerprint": fingerprint}),
+        }
+
+        def find_or_create() -> tuple[Run, bool]:
+            run = self.find_confirmation_run(original_run_id, seed, budget)
+            if run is not None:
+                return run, False
+            return self.client.create_run(self.experiment_id(), tags={**lookup, TAG + "status": "running"},
+                                          run_name=f"confirm-t{int(trial_number):04d}-s{int(index)}"), True
+
+        what = f"the confirmation of trial {trial_number} with seed {seed}"
+        run, created = self._call(f"starting {what}", find_or_create)
+        run_id = run.info.run_id
+        if not created:
+            if run.info.status != "RUNNING":
+                self._call(f"reopening {what}", self.client.update_run, run_id, status="RUNNING")
+            if TAG + "failure_reason" in run.data.tags:
+                self._call("clearing the failure reason", self.client.delete_tag, run_id, TAG + "failure_reason")
+        self._log_batch(f"logging {what}'s settings", run_id, params=trial_params(arch, train, budget),
+                        tags={**lookup, TAG + "status": "running"})
+        return run_id
+
     # ---- reading back ----
 
     def trial_runs(self) -> pd.DataFrame:
         """One row per trial run, by trial number: `run_id`, `run_name`, `trial`, `status` (MLflow's),
         `start_time`, `end_time` and `params.*`, `metrics.*` (latest value), `tags.*` columns."""
-        rows = []
-        for run in self._search(f"tags.`{TAG}kind` = 'trial'"):
-            row: dict[str, Any] = {
-                "run_id": run.info.run_id,
-                "run_name": run.info.run_name,
-                "trial": int(run.data.tags[self.trial_tag]),
-                "status": run.info.status,
-                "start_time": pd.to_datetime(run.info.start_time, unit="ms", utc=True),
-                "end_time": pd.to_datetime(run.info.end_time, unit="ms", utc=True),
-            }
-            row.update({f"params.{k}": v for k, v in run.data.params.items()})
-            row.update({f"metrics.{k}": v for k, v in run.data.metrics.items()})
-            row.update({f"tags.{k}": v for k, v in run.data.tags.items()})
-            rows.append(row)
+        rows = [{"trial": int(run.data.tags[self.trial_tag]), **_run_row(run)}
+                for run in self._search(f"tags.`{TAG}kind` = 'trial'")]
         if not rows:
             return pd.DataFrame(columns=["run_id", "run_name", "trial", "status", "start_time", "end_time"])
         return pd.DataFrame(rows).sort_values("trial", ignore_index=True)
+
+    def confirmation_runs(self) -> pd.DataFrame:
+        """One row per confirmation run (`search.confirm`), oldest first, with the columns of
+        `trial_runs` (its `trial` is the original trial's number, from `cramnas.original_trial`)."""
+        rows = [{"trial": int(run.data.tags.get(TAG + "original_trial", -1)), **_run_row(run)}
+                for run in self._search(f"tags.`{TAG}kind` = 'confirmation'")]
+        if not rows:
+            return pd.DataFrame(columns=["run_id", "run_name", "trial", "status", "start_time", "end_time"])
+        return pd.DataFrame(rows)
 
     def best_trial_run(self, metric: str, mode: str = "min") -> dict[str, Any] | None:
         """The complete trial with the lowest (`mode="min"`) or highest (`"max"`) `metric`, as a row
         of `trial_runs`; None when no complete trial has it. Pruned trials stopped early and repeats
         copy an earlier result, so neither competes."""
+        top = self.top_trial_runs(metric, mode, 1)
+        return top[0] if top else None
+
+    def top_trial_runs(self, metric: str, mode: str = "min", k: int = 1) -> list[dict[str, Any]]:
+        """The `k` best complete trials by `metric`, best first (a tie: the earlier trial first), as
+        rows of `trial_runs`; fewer when fewer complete trials have it."""
         if mode not in ("min", "max"):
             raise ValueError(f"mode: expected min or max, got {mode!r}")
         frame = self.trial_runs()
         column = f"metrics.{metric}"
         if column not in frame or f"tags.{TAG}status" not in frame:
-            return None
+            return []
         # A diverged trial's NaN loss, or a metric it never logged (NaN in the frame), never wins.
         candidates = frame[(frame[f"tags.{TAG}status"] == "complete") & frame[column].map(math.isfinite)]
-        if candidates.empty:
-            return None
-        best = candidates[column].idxmin() if mode == "min" else candidates[column].idxmax()
-        return candidates.loc[best].to_dict()
+        ranked = candidates.sort_values(column, ascending=mode == "min", kind="stable")
+        return ranked.head(k).to_dict("records")
 
     @staticmethod
     def _check_status(status: str) -> None:
         if status not in RUN_STATUSES:
             raise ValueError(f"status: expected one of {', '.join(RUN_STATUSES)}, got {status!r}")
+
+
+def _run_row(run: Run) -> dict[str, Any]:
+    """A run as a flat row: `run_id`, `run_name`, `status` (MLflow's), `start_time`, `end_time`,
+    `params.*`, `metrics.*` (latest value) and `tags.*`."""
+    return {
+        "run_id": run.info.run_id,
+        "run_name": run.info.run_name,
+        "status": run.info.status,
+        "start_time": pd.to_datetime(run.info.start_time, unit="ms", utc=True),
+        "end_time": pd.to_datetime(run.info.end_time, unit="ms", utc=True),
+        **{f"params.{k}": v for k, v in run.data.params.items()},
+        **{f"metrics.{k}": v for k, v in run.data.metrics.items()},
+        **{f"tags.{k}": v for k, v in run.data.tags.items()},
+    }
 
 
 def trial_runs(study_name: str, uri: str | None = None) -> pd.DataFrame:

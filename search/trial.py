@@ -9,31 +9,41 @@ Reports, in order:
 - `budget_fraction`, `mlm_loss` (train), `tokens`, `tokens_per_s` every 1/16 of the budget: the
   rungs on which ASHA compares trials (`training_iteration` counts them);
 - one final report with `final=True`: validation MLM loss, probe metrics (`glue.<task>.<metric>`),
-  `probe_average`, tokens/s, params, FLOPs/token, and `result` (CramResult + ProbeResult dicts).
+  `probe_average`, tokens/s, params, FLOPs/token, `oom_halvings`, and `result` (CramResult +
+  ProbeResult dicts); with `checkpoint_dir` in the spec (`search.run --save-checkpoints`), also
+  `checkpoint_path`, where the worker wrote the trained model (`<checkpoint_dir>/t0007/`).
+
+`CRAMNAS_INJECT_FAULT` injects faults into chosen trials, for the fault-injection suite
+(`tests/reliability/`) and soaks: see `parse_faults`.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
 import traceback
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import torch
 from ray import tune
 
 from space.arch import ArchConfig
 from trainer.budget import Budget
+from trainer.checkpoint import save_checkpoint
 from trainer.config import TrainConfig
 from trainer.cram import NonFiniteLoss, Progress, cram_with_model
-from trainer.data import CorpusSource, prepare_data
+from trainer.data import CorpusSource, PretrainData, prepare_data
 
 
 def trial_metrics(cram_result: dict, probe_result: dict | None) -> dict[str, float]:
     """The flat numbers of a finished trial: what the controller, ASHA and MLflow read."""
     metrics = {key: float(cram_result[key]) for key in
                ("validation_loss", "tokens", "tokens_per_s", "params", "flops_per_token", "seconds",
-                "validation_seconds", "steps")}
+                "validation_seconds", "steps", "oom_halvings")}
     if probe_result is not None:
         metrics["probe_average"] = float(probe_result["average"])
         metrics["probe_seconds"] = float(probe_result["seconds"]["total"])
@@ -59,24 +69,69 @@ def run_trial(spec: dict[str, Any]) -> None:
     tune.report(final)
 
 
-def injected_fault(trial_number: int) -> str | None:
-    """The fault `CRAMNAS_INJECT_FAULT` asks of this trial, for fault-injection tests and soaks:
-    `exception@3,7` raises in trials 3 and 7; `nan@2` makes trial 2's loss NaN; `kill@4` SIGKILLs
-    trial 4's worker process."""
-    for item in filter(None, os.environ.get("CRAMNAS_INJECT_FAULT", "").split(";")):
-        kind, _, numbers = item.partition("@")
-        if str(trial_number) in numbers.split(","):
-            return kind
-    return None
+# The faults `CRAMNAS_INJECT_FAULT` can inject, each into the trials it names.
+FAULT_KINDS = {
+    "exception": "raises RuntimeError before training: the trial fails with that reason",
+    "nan": "the training loss turns NaN at the trial's first progress report (NonFiniteLoss)",
+    "kill": "SIGKILLs the trial's worker process before training: Ray reports the trial's worker dead",
+    "oom": "a simulated CUDA out-of-memory for any forward pass of more than half the micro-batch: "
+           "the micro-batch halves once and training goes on (oom_halvings = 1)",
+    "diskfull": "the checkpoint write (search.run --save-checkpoints) fails with ENOSPC once the weights' "
+                "temporary file is on disk: the trial fails, no model.safetensors is left",
+}
+
+
+def parse_faults(text: str) -> dict[int, frozenset[str]]:
+    """`kind@n,m;kind@n` (kinds: `FAULT_KINDS`) as trial number -> kinds; e.g. `exception@1,5;oom@3;
+    diskfull@3` raises in trials 1 and 5 and gives trial 3 an out-of-memory and a full disk.
+    ValueError naming the bad item."""
+    faults: dict[int, set[str]] = {}
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        kind, at, numbers = item.partition("@")
+        trials = [number.strip() for number in numbers.split(",")]
+        if kind not in FAULT_KINDS or not at or not all(number.isdigit() for number in trials):
+            raise ValueError(f"CRAMNAS_INJECT_FAULT: {item!r} is not kind@n[,m...] with kind one of "
+                             f"{', '.join(FAULT_KINDS)} and n a trial number")
+        for number in trials:
+            faults.setdefault(int(number), set()).add(kind)
+    return {number: frozenset(kinds) for number, kinds in faults.items()}
+
+
+def injected_faults(trial_number: int) -> frozenset[str]:
+    """The faults `CRAMNAS_INJECT_FAULT` asks of this trial (empty when unset)."""
+    return parse_faults(os.environ.get("CRAMNAS_INJECT_FAULT", "")).get(trial_number, frozenset())
+
+
+def cram_and_probe(arch: ArchConfig, train: TrainConfig, data: PretrainData, budget: Budget,
+                   probe: dict[str, Any] | None, on_progress: Callable[[Progress], None] | None = None,
+                   *, save_to: Path | None = None, before_forward: Callable[[int], None] | None = None,
+                   after_write: Callable[[Path], None] | None = None,
+                   ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Cram `arch`, then probe it on GLUE when `probe` (`{"tasks": [...], "limits": {...}}`) is
+    given: the `CramResult` and `ProbeResult` dicts. A trial and `search.confirm` share it.
+    `save_to`: write the trained model there (`trainer.checkpoint.save_checkpoint`) before the
+    probe; `before_forward` and `after_write` are fault-injection hooks of `cram` and
+    `save_checkpoint`."""
+    import glue  # imported here: workers that only repeat a result never pay for it
+
+    model, result = cram_with_model(arch, train, data, budget, on_progress=on_progress,
+                                    before_forward=before_forward)
+    if save_to is not None:
+        result.checkpoint = str(save_to)
+        save_checkpoint(save_to, model, arch, train, data.tokenizer_path, result.to_dict(), after_write)
+    probe_result = None
+    if probe is not None:
+        limits = glue.ProbeLimits(**probe["limits"])
+        probe_result = glue.probe(model, data.tokenizer_path, probe["tasks"], limits).to_dict()
+    return result.to_dict(), probe_result
 
 
 def _cram_and_probe(spec: dict[str, Any]) -> dict[str, Any]:
-    import glue  # imported here: workers that only repeat a result never pay for it
-
-    fault = injected_fault(spec["trial_number"])
-    if fault == "exception":
-        raise RuntimeError(f"injected fault in trial {spec['trial_number']}")
-    if fault == "kill":
+    number = spec["trial_number"]
+    faults = injected_faults(number)
+    if "exception" in faults:
+        raise RuntimeError(f"injected fault in trial {number}")
+    if "kill" in faults:
         os.kill(os.getpid(), signal.SIGKILL)
 
     arch = ArchConfig.from_dict(spec["arch"])
@@ -86,17 +141,27 @@ def _cram_and_probe(spec: dict[str, Any]) -> dict[str, Any]:
                         cache_dir=spec.get("cache_dir"))  # prepared by the driver: a cache hit
 
     def report(progress: Progress) -> None:
-        if fault == "nan":
+        if "nan" in faults:
             raise NonFiniteLoss(progress.step, float("nan"))
         tune.report({"budget_fraction": progress.fraction, "mlm_loss": progress.train_loss,
                      "tokens": progress.tokens, "tokens_per_s": progress.tokens_per_s, "final": False})
 
-    model, result = cram_with_model(arch, train, data, Budget.parse(spec["budget"]), on_progress=report)
-    probe_result = None
-    if spec.get("probe") is not None:
-        limits = glue.ProbeLimits(**spec["probe"]["limits"])
-        probe_result = glue.probe(model, data.tokenizer_path, spec["probe"]["tasks"], limits).to_dict()
-    cram_dict = result.to_dict()
+    def out_of_memory(rows: int) -> None:  # "oom": memory for half the micro-batch only
+        if rows > max(1, train.micro_batch // 2):
+            raise torch.OutOfMemoryError(f"injected: {rows} rows do not fit (trial {number})")
+
+    def full_disk(path: Path) -> None:  # "diskfull": no room for the weights
+        if path.name.startswith(".model.safetensors"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    save_to = Path(spec["checkpoint_dir"]) / f"t{number:04d}" if spec.get("checkpoint_dir") else None
+    cram_dict, probe_result = cram_and_probe(
+        arch, train, data, Budget.parse(spec["budget"]), spec.get("probe"), on_progress=report, save_to=save_to,
+        before_forward=out_of_memory if "oom" in faults else None,
+        after_write=full_disk if "diskfull" in faults else None)
     # `mlm_loss` again, now on validation: ASHA reads it in every report.
-    return {**trial_metrics(cram_dict, probe_result), "mlm_loss": result.validation_loss, "final": True,
-            "result": {"cram": cram_dict, "probe": probe_result}}
+    final = {**trial_metrics(cram_dict, probe_result), "mlm_loss": cram_dict["validation_loss"], "final": True,
+             "result": {"cram": cram_dict, "probe": probe_result}}
+    if save_to is not None:
+        final["checkpoint_path"] = str(save_to)
+    return final

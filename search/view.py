@@ -14,6 +14,7 @@ from rich.table import Table
 
 from search.searcher import Outcome
 
+
 def describe(arch: dict) -> str:
     """An architecture in one short line: the choices that most tell models apart."""
     return (f"{arch['layers']}x{arch['hidden']}/{arch['heads']}h {arch['ffn_kind']} {arch['norm_placement']}-norm "

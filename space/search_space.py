@@ -45,6 +45,9 @@ def load_space(path: str | Path) -> SearchSpace:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
         problem = getattr(e, "problem", None) or str(e)
+        if isinstance(e, yaml.constructor.ConstructorError):  # e.g. !!python/object: safe_load builds no objects
+            raise space_error(path.name, where, f"YAML tag not allowed: {problem}",
+                              "remove the tag; a space file holds plain values only") from None
         raise space_error(path.name, where, f"YAML syntax error: {problem}", "fix the YAML syntax") from None
     definition = parse_space(data, path.name)
     space = SearchSpace(definition.name, path, definition.fixed, definition.params, definition.constraints,

@@ -1,32 +1,27 @@
 """`python -m search.run` end to end on CPU: real (tiny) trials on Ray, both stores checked.
 
-Trials cram a tiny space on the Wikipedia slice for 2e4 tokens; most studies skip the GLUE probe
-(objective mlm) to stay fast, one runs it. After every study the Optuna study and MLflow must
-agree run for run, with no run left RUNNING.
+Trials cram a tiny space on the Wikipedia slice for 2e4 tokens; these studies skip the GLUE probe
+(objective mlm) to stay fast (the fault-injection study in tests/reliability/ runs it). After every
+study the Optuna study and MLflow must agree run for run, with no run left RUNNING. Faults (failed,
+killed and out-of-memory trials, a killed driver, a tracking server restart, a full disk) are
+tests/reliability/'s.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import mlflow
 import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
 
 from search.run import main
-from search.tracking import trial_runs
 from tests.conftest import requires_shared_data
-
-ROOT = Path(__file__).resolve().parents[1]
-PROFILE = ROOT / "tests" / "search_files" / "tiny_profile.yaml"
+from tests.studies import PROFILE, ROOT, check_stores_agree, study_args
 
 pytestmark = requires_shared_data
 
@@ -34,27 +29,6 @@ pytestmark = requires_shared_data
 @pytest.fixture(autouse=True)
 def loopback_ray(monkeypatch):
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
-
-def study_args(tmp_path: Path, data: Path, study: str, *extra: str) -> list[str]:
-    return ["--profile", str(PROFILE), "--data", str(data), "--study", study, "--seed", "1",
-            "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--cache-dir", str(tmp_path / "cache"), *extra]
-
-
-def check_stores_agree(tmp_path: Path, study_name: str, trials: int) -> tuple[optuna.Study, list[dict]]:
-    """Counts are exact, every counted Optuna trial has exactly one finished MLflow run."""
-    study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{tmp_path}/optuna.db")
-    counted = [t for t in study.trials if "infeasible" not in t.user_attrs]
-    assert len(counted) == trials
-    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) for t in counted)
-    runs = trial_runs(study_name, f"sqlite:///{tmp_path}/mlflow.db").to_dict("records")
-    assert sorted(int(r["trial"]) for r in runs) == sorted(t.number for t in counted)  # one run each
-    # KILLED for a failed trial: a run the driver's death cut short (see search.study.reconcile).
-    status = {TrialState.COMPLETE: {"FINISHED"}, TrialState.PRUNED: {"KILLED"}, TrialState.FAIL: {"FAILED", "KILLED"}}
-    by_trial = {int(r["trial"]): r for r in runs}
-    for trial in counted:
-        assert by_trial[trial.number]["status"] in status[trial.state], trial.number
-    return study, runs
 
 
 @pytest.mark.parametrize("controller", ["tpe", "random", "nsga2", "cmaes", "gp", "evolution"])
@@ -75,12 +49,12 @@ def test_each_controller_runs_a_study_end_to_end(controller, wiki_slice_dir, tmp
 def test_evolution_records_lineage_in_mlflow(wiki_slice_dir, tmp_path, monkeypatch):
     from search import controllers
 
-    small = lambda space, seed: controllers.RegularizedEvolutionSampler(space, 3, 2, seed)  # noqa: E731
+    small = lambda space, seed: controllers.RegularizedEvolutionSampler(space, 3, 2, seed)
     monkeypatch.setitem(controllers.CONTROLLERS, "evolution", controllers.Controller(small, False))
     code = main(study_args(tmp_path, wiki_slice_dir, "lineage", "--trials", "7", "--controller", "evolution",
                            "--objective", "mlm", "--no-probe", "--no-early-stop"))
     assert code == 0
-    study, runs = check_stores_agree(tmp_path, "lineage", 7)
+    _, runs = check_stores_agree(tmp_path, "lineage", 7)
     run_of = {int(r["trial"]): r["run_id"] for r in runs}
     children = [r for r in runs if isinstance(r.get("tags.cramnas.parent_trial"), str)]
     assert children, "evolution after its initial population must breed children"
@@ -89,40 +63,6 @@ def test_evolution_records_lineage_in_mlflow(wiki_slice_dir, tmp_path, monkeypat
         assert child["tags.cramnas.parent_run_id"] == run_of[parent]
         assert " -> " in child["tags.cramnas.mutation"]
         assert int(child["tags.cramnas.generation"]) >= 1
-
-
-def test_probe_objective_and_failures_cost_only_their_trial(wiki_slice_dir, tmp_path, monkeypatch):
-    """The GLUE probe runs in trials; an injected exception and a NaN loss fail their trials only,
-    with their reasons in both stores."""
-    monkeypatch.setenv("CRAMNAS_INJECT_FAULT", "exception@1;nan@2")
-    code = main(study_args(tmp_path, wiki_slice_dir, "faults", "--trials", "4", "--controller", "random",
-                           "--no-early-stop"))
-    assert code == 0
-    study, runs = check_stores_agree(tmp_path, "faults", 4)
-    failed = {t.number: t.user_attrs["failure_reason"] for t in study.trials if t.state == TrialState.FAIL}
-    assert set(failed) == {1, 2}
-    assert "injected fault in trial 1" in failed[1] and "NonFiniteLoss" in failed[2]
-    by_trial = {int(r["trial"]): r for r in runs}
-    assert "injected fault" in by_trial[1]["tags.cramnas.failure_reason"]
-    assert by_trial[2]["tags.cramnas.status"] == "failed"
-    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    result = json.loads(Path(client.download_artifacts(by_trial[0]["run_id"], "result.json", str(tmp_path))).read_text())
-    assert result["cram"]["tokens"] == 19968 and result["probe"]["tasks"] == ["rte", "stsb"]
-    for trial in (0, 3):
-        assert 0 <= study.trials[trial].values[0] <= 1  # the probe average
-        assert 0 <= float(by_trial[trial]["metrics.glue.rte.accuracy"]) <= 1
-        assert -1 <= float(by_trial[trial]["metrics.glue.stsb.spearman"]) <= 1
-
-
-def test_killed_worker_fails_only_its_trial(wiki_slice_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("CRAMNAS_INJECT_FAULT", "kill@1")  # SIGKILL of trial 1's worker process
-    code = main(study_args(tmp_path, wiki_slice_dir, "killed-worker", "--trials", "3", "--controller", "random",
-                           "--objective", "mlm", "--no-probe", "--no-early-stop", "--max-concurrent", "1"))
-    assert code == 0
-    study, runs = check_stores_agree(tmp_path, "killed-worker", 3)
-    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
-    assert "worker died" in study.trials[1].user_attrs["failure_reason"]
-    assert {int(r["trial"]): r["status"] for r in runs}[1] == "FAILED"
 
 
 def test_repeated_architecture_is_not_trained_again(wiki_slice_dir, tmp_path):
@@ -190,52 +130,6 @@ def test_resume_of_unknown_study_and_existing_study_without_resume(wiki_slice_di
     assert main(study_args(tmp_path, wiki_slice_dir, "once", "--trials", "1", "--objective", "mlm",
                            "--no-probe")) == 2
     assert "--resume" in capsys.readouterr().err
-
-
-def _kill_session(proc: subprocess.Popen) -> None:
-    """SIGKILL the driver and everything in its session (its local Ray processes)."""
-    sid = os.getsid(proc.pid)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getsid(int(entry.name)) == sid:
-                    os.kill(int(entry.name), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-def test_driver_killed_mid_study_resumes_to_the_exact_total(wiki_slice_dir, tmp_path):
-    args = study_args(tmp_path, wiki_slice_dir, "killed", "--trials", "8", "--controller", "tpe",
-                      "--objective", "mlm", "--no-probe", "--no-early-stop")
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "search.run", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    storage = f"sqlite:///{tmp_path}/optuna.db"
-    deadline = time.monotonic() + 240
-    try:
-        while time.monotonic() < deadline:  # kill once some trials are done and others running
-            time.sleep(0.5)
-            try:
-                study = optuna.load_study(study_name="killed", storage=storage)
-            except (KeyError, Exception):  # noqa: BLE001 - not created yet
-                continue
-            if len(study.get_trials(states=(TrialState.COMPLETE,))) >= 3:
-                break
-        else:
-            pytest.fail("the study made no progress")
-    finally:
-        _kill_session(proc)
-    before = optuna.load_study(study_name="killed", storage=storage)
-    finished = len([t for t in before.trials if t.state.is_finished()])
-    assert finished < 8
-    assert main([*args, "--resume"]) == 0
-    study, runs = check_stores_agree(tmp_path, "killed", 8)
-    assert all(r["status"] != "RUNNING" for r in runs)
-    died = [t.number for t in study.trials if t.user_attrs.get("failure_reason") == "driver died"]
-    assert all(r["status"] == "KILLED" for r in runs if int(r["trial"]) in died)
-    assert all(t.user_attrs.get("failure_reason") == "driver died" for t in study.trials if t.state == TrialState.FAIL)
 
 
 def test_study_joins_an_existing_ray_cluster(wiki_slice_dir, tmp_path):

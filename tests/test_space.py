@@ -7,8 +7,7 @@ from dataclasses import fields
 import optuna
 import pytest
 
-from space import (ArchConfig, OptunaDraws, RandomDraw, SearchSpace, SpaceError, default_space_path,
-                   load_space, mutate)
+from space import ArchConfig, OptunaDraws, RandomDraw, SearchSpace, SpaceError, default_space_path, load_space, mutate
 from space.expr import Expr, ExprError
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -23,7 +23,6 @@ from search.tracking import (
     best_trial_run,
     check_store,
     resolve_uri,
-    result_metrics,
     trial_params,
     trial_runs,
 )
@@ -32,7 +31,7 @@ from trainer.config import TrainConfig
 
 ARCH = ArchConfig(layers=2, hidden=128, heads=2, vocab_size=2048, max_seq_len=64).to_dict()
 TRAIN = TrainConfig(lr=2e-3, batch_size=64, micro_batch=32).to_dict()
-STUDY_INFO = {"controller": "evolution", "objective": "validation_mlm_loss",
+STUDY_INFO = {"controller": "evolution", "objective": "validation_loss",
               "space": "space/spaces/crammed_bert_cpu.yaml", "budget": "120s", "code_version": "abc123",
               "train": TRAIN}
 
@@ -132,14 +131,16 @@ def test_progress_and_finish_log_metrics_artifacts_and_status(tracker, tmp_path)
     cram = {"validation_loss": 5.5, "tokens": 3000, "steps": 12, "seconds": 3.2, "tokens_per_s": 950.0,
             "params": 500_000, "flops_per_token": 3e6, "loss_curve": [(1000, 7.5), (2000, 6.0), (3000, 5.6)]}
     probe = {"metrics": {"sst2": {"accuracy": 0.81}, "mrpc": {"f1": 0.7, "accuracy": 0.65}}, "average": 0.755}
-    tracker.finish_trial(run_id, "FINISHED", result_metrics(cram, probe),
+    final = {"validation_loss": cram["validation_loss"], "tokens": cram["tokens"], "tokens_per_s": cram["tokens_per_s"],
+             "glue": probe["metrics"], "probe_average": probe["average"]}  # nested: glue.<task>.<metric>
+    tracker.finish_trial(run_id, "FINISHED", final,
                          artifacts={"arch.yaml": ARCH, "result.json": cram}, loss_curve=cram["loss_curve"])
 
     client = MlflowClient(tracker.uri)
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["cramnas.status"] == "complete"
     metrics = run.data.metrics
-    assert metrics["validation_mlm_loss"] == 5.5 and metrics["probe_average"] == 0.755
+    assert metrics["validation_loss"] == 5.5 and metrics["probe_average"] == 0.755
     assert metrics["glue.sst2.accuracy"] == 0.81 and metrics["glue.mrpc.f1"] == 0.7
     assert metrics["tokens_per_s"] == 950.0  # the final value ends the progress series
     history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "train_loss"))
@@ -185,16 +186,16 @@ def test_stale_runs_are_killed_and_reopened_when_rerun(tracker):
 def test_reading_back_trials_and_the_best_one(tracker):
     for trial, (loss, status) in enumerate([(5.0, "FINISHED"), (4.0, "FINISHED"), (3.0, "KILLED")]):
         run_id = tracker.trial_run(trial, {**ARCH, "layers": trial + 1}, TRAIN)
-        tracker.finish_trial(run_id, status, {"validation_mlm_loss": loss, "tokens": 100})
+        tracker.finish_trial(run_id, status, {"validation_loss": loss, "tokens": 100})
     tracker.trial_run(3, ARCH, TRAIN)  # still running: no metric yet
 
     frame = trial_runs(tracker.study_name, tracker.uri)
     assert list(frame["trial"]) == [0, 1, 2, 3]
     assert list(frame["params.arch.layers"]) == ["1", "2", "3", "2"]
     assert list(frame["tags.cramnas.status"]) == ["complete", "complete", "pruned", "running"]
-    best = best_trial_run(tracker.study_name, "validation_mlm_loss", "min", tracker.uri)
+    best = best_trial_run(tracker.study_name, "validation_loss", "min", tracker.uri)
     assert best["trial"] == 1  # the pruned trial's lower loss does not compete
-    assert tracker.best_trial_run("validation_mlm_loss", "max")["trial"] == 0
+    assert tracker.best_trial_run("validation_loss", "max")["trial"] == 0
     assert tracker.best_trial_run("probe_average") is None
 
 

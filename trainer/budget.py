@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 UNITS = {"s": ("seconds", 1.0), "m": ("seconds", 60.0), "h": ("seconds", 3600.0),
          "tokens": ("tokens", 1.0), "flops": ("flops", 1.0)}
-_BUDGET = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
+_BUDGET = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
 class BudgetError(ValueError):
@@ -30,12 +30,15 @@ class Budget:
     @classmethod
     def parse(cls, text: str) -> Budget:
         match = _BUDGET.match(str(text))
+        if match and not match.group(2):
+            number = match.group(1)
+            raise BudgetError(f"budget: {text!r} has no unit; write e.g. {number}s, {number}tokens or {number}flops")
         if not match or match.group(2).lower() not in UNITS:
             raise BudgetError(f"budget: cannot read {text!r}; write e.g. 60s, 5m, 24h, 2e7tokens or 1e15flops")
         kind, scale = UNITS[match.group(2).lower()]
         amount = float(match.group(1)) * scale
         if amount <= 0 or not math.isfinite(amount):
-            raise BudgetError(f"budget: {text!r} must be positive; write e.g. 60s or 2e7tokens")
+            raise BudgetError(f"budget: {text!r} must be positive and finite; write e.g. 60s or 2e7tokens")
         return cls(kind, amount, str(text).strip())
 
     def fraction(self, seconds: float, tokens: int, flops: float) -> float:

@@ -8,6 +8,8 @@ A run config is `name`, `arch` (an `ArchConfig`), `train` (a `TrainConfig`) and 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ class TrainConfig:
     report_every: float = 1 / 16  # progress callback cadence, as a fraction of the budget
 
     def __post_init__(self) -> None:
+        self._check_types()
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         positive = ("lr", "eps", "batch_size", "micro_batch", "gradient_clip", "report_every")
         for name in positive:
@@ -53,6 +56,24 @@ class TrainConfig:
             raise ConfigError(f"train.dropout: must be in [0, 1), got {self.dropout}")
         if not 0 < self.lr_peak_at < 1 or not 0 <= self.lr_base <= 1:
             raise ConfigError("train.lr_peak_at must be in (0, 1) and train.lr_base in [0, 1]")
+
+    def _check_types(self) -> None:
+        """Each setting has its default's type, so that a wrong one is named rather than failing
+        later in a comparison or in the optimizer."""
+        for spec in fields(self):
+            value, default = getattr(self, spec.name), spec.default
+            if isinstance(default, bool):
+                ok, expected = isinstance(value, bool), "true or false"
+            elif isinstance(default, int):
+                ok, expected = isinstance(value, int) and not isinstance(value, bool), "an integer"
+            elif isinstance(default, float):
+                ok, expected = _is_finite_number(value), "a finite number"
+            else:  # betas
+                ok = isinstance(value, (list, tuple)) and len(value) == 2 and all(map(_is_finite_number, value))
+                expected = "two numbers, e.g. [0.9, 0.98]"
+            if not ok:
+                hint = " (YAML reads 1e-3 as text: write 1.0e-3 or 0.001)" if _looks_numeric(value) else ""
+                raise ConfigError(f"train.{spec.name}: expected {expected}, got {value!r}{hint}")
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -67,8 +88,17 @@ class TrainConfig:
             raise ConfigError(f"{where}.{unknown[0]}: unknown training setting; allowed: {', '.join(sorted(known))}")
         try:
             return cls(**data)
-        except TypeError as error:
-            raise ConfigError(f"{where}: {error}") from None
+        except ConfigError as error:  # "train.lr: ..." becomes "<where>.lr: ...", the file named
+            raise ConfigError(f"{where}{str(error).removeprefix('train')}") from None
+
+
+def _is_finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _looks_numeric(value: Any) -> bool:
+    """A number in exponent notation that YAML 1.1 (PyYAML) leaves as text: `1e-3`, `5e4`."""
+    return isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value.strip()) is not None
 
 
 @dataclass(frozen=True)
@@ -98,6 +128,10 @@ def load_run_config(path: str | Path) -> RunConfig:
         raise ConfigError(f"{path.name}: not valid YAML ({str(error).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path.name}: expected a mapping with name, arch and train")
+    for section in ("arch", "train", "provenance"):
+        if not isinstance(data.get(section) or {}, dict):
+            raise ConfigError(f"{path.name}: {section}: expected a mapping of settings, "
+                              f"got {type(data[section]).__name__}; see trainer/configs/ for examples")
     unknown = sorted(set(data) - {"name", "arch", "train", "provenance"})
     if unknown:
         raise ConfigError(f"{path.name}: {unknown[0]}: unknown key; allowed: name, arch, train, provenance")

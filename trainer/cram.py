@@ -23,7 +23,7 @@ import torch
 
 from space.arch import ArchConfig
 from trainer.budget import Budget, micro_batches_per_step, triangle_lr
-from trainer.checkpoint import save_checkpoint
+from trainer.checkpoint import CheckpointWriteError, save_checkpoint
 from trainer.config import TrainConfig
 from trainer.data import PretrainData, mask_tokens
 from trainer.model import CrammedBert
@@ -35,6 +35,10 @@ class NonFiniteLoss(FloatingPointError):
     def __init__(self, step: int, loss: float):
         super().__init__(f"training loss became {loss} at step {step}; lower lr or check the architecture")
         self.step, self.loss = step, loss
+
+
+class OutOfMemory(torch.OutOfMemoryError):
+    """Device memory ran out even at micro-batch 1: this architecture does not fit."""
 
 
 @dataclass
@@ -81,7 +85,7 @@ def code_version() -> str:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
                               text=True, timeout=5, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+                               capture_output=True, text=True, timeout=5, check=False).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -139,9 +143,9 @@ def autocast(device: torch.device):
 class _Trainer:
     """The state of one cram; `run` is the loop. Split out so each piece stays short."""
 
-    def __init__(self, arch, train, data, budget, on_progress, device):
+    def __init__(self, arch, train, data, budget, on_progress, device, before_forward=None):
         self.arch, self.train, self.data, self.budget = arch, train, data, budget
-        self.on_progress, self.device = on_progress, device
+        self.on_progress, self.device, self.before_forward = on_progress, device, before_forward
         torch.manual_seed(train.seed)
         self.model = CrammedBert(arch, dropout=train.dropout).to(device)
         self.step_fn = torch.compile(self.model) if train.compile else self.model
@@ -166,6 +170,8 @@ class _Trainer:
         return rows[:fit] if fit > 0 else None
 
     def forward_backward(self, rows: torch.Tensor, scale: float) -> float:
+        if self.before_forward is not None:
+            self.before_forward(len(rows))
         ids, labels = mask_tokens(rows, self.train.mlm_rate, special_ids=self.data.special_ids,
                                   vocab_size=self.data.vocab_size, generator=self.generator)
         with autocast(self.device):
@@ -181,9 +187,11 @@ class _Trainer:
         chunks = rows.split(self.micro_batch)
         try:
             losses = [self.forward_backward(chunk, scale * len(chunk) / len(rows)) for chunk in chunks]
-        except torch.OutOfMemoryError:
+        except torch.OutOfMemoryError as error:
             if self.micro_batch == 1:
-                raise
+                raise OutOfMemory(f"out of {self.device.type} memory even at micro_batch 1 (halved "
+                                  f"{self.oom_halvings} times from {self.train.micro_batch}); choose a smaller "
+                                  "architecture or max_seq_len") from error
             self.optimizer.zero_grad(set_to_none=True)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -249,15 +257,20 @@ class _Trainer:
 
 def cram(arch: ArchConfig, train: TrainConfig, data: PretrainData, budget: Budget,
          on_progress: Callable[[Progress], None] | None = None, out_dir: str | os.PathLike | None = None,
-         device: torch.device | None = None) -> CramResult:
-    """Pretrain `arch` from scratch on `data` until `budget` is spent; optionally write a checkpoint."""
-    return cram_with_model(arch, train, data, budget, on_progress, out_dir, device)[1]
+         device: torch.device | None = None, before_forward: Callable[[int], None] | None = None) -> CramResult:
+    """Pretrain `arch` from scratch on `data` until `budget` is spent; optionally write a checkpoint.
+
+    `before_forward` is called with the row count of every forward pass before it runs: fault
+    injection (search trials' `oom@N`) raises `torch.OutOfMemoryError` there to drive the halving
+    of the micro-batch on machines that have memory to spare."""
+    return cram_with_model(arch, train, data, budget, on_progress, out_dir, device, before_forward)[1]
 
 
 def cram_with_model(arch: ArchConfig, train: TrainConfig, data: PretrainData, budget: Budget,
                     on_progress: Callable[[Progress], None] | None = None,
                     out_dir: str | os.PathLike | None = None,
-                    device: torch.device | None = None) -> tuple[CrammedBert, CramResult]:
+                    device: torch.device | None = None,
+                    before_forward: Callable[[int], None] | None = None) -> tuple[CrammedBert, CramResult]:
     """`cram`, also returning the trained model (eval mode): a search trial probes it in memory."""
     if data.vocab_size != arch.vocab_size or data.seq_len != arch.max_seq_len:
         raise ValueError(f"data: prepared for vocab {data.vocab_size}/seq {data.seq_len} but the architecture "
@@ -266,7 +279,7 @@ def cram_with_model(arch: ArchConfig, train: TrainConfig, data: PretrainData, bu
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    trainer = _Trainer(arch, train, data, budget, on_progress, device)
+    trainer = _Trainer(arch, train, data, budget, on_progress, device, before_forward)
     seconds, tokens_per_s = trainer.run()
     evaluation_start = time.perf_counter()
     held_out_loss = validation_loss(trainer.model, data, device)
@@ -286,6 +299,7 @@ def cram_with_model(arch: ArchConfig, train: TrainConfig, data: PretrainData, bu
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
+    import contextlib
     import sys
 
     from tqdm.auto import tqdm
@@ -306,17 +320,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", help="token cache (default: $CRAMNAS_CACHE or ~/.cache/cramnas)")
     args = parser.parse_args(argv)
 
+    created: list[Path] = []  # directories the --out check makes: removed again if later input is bad
     try:  # every user error is caught here, before any data is tokenised or any step is taken
         run = load_run_config(args.config)
         # Report every 1% for the progress bar (the search keeps 1/16: its early-stopping rungs).
         train = dataclasses.replace(run.train, report_every=0.01,
                                     seed=run.train.seed if args.seed is None else args.seed)
         budget = Budget.parse(args.budget)
-        out = check_writable(args.out or Path("runs") / f"{run.name}-{budget.text}")
+        out = Path(args.out or Path("runs") / f"{run.name}-{budget.text}")
+        created = [directory for directory in (out, *out.parents) if not directory.exists()]
+        check_writable(out)
         corpus = CorpusSource.from_args(data_dir=args.data, corpus=args.corpus)
         data = prepare_data(corpus, vocab_size=run.arch.vocab_size, seq_len=run.arch.max_seq_len,
                             cache_dir=args.cache_dir)
     except (ConfigError, BudgetError, DataError) as error:
+        for directory in created:  # deepest first; rmdir leaves anything that is not empty
+            with contextlib.suppress(OSError):
+                directory.rmdir()
         print(f"error: {error}", file=sys.stderr)
         return 2
 
@@ -331,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         result = cram(run.arch, train, data, budget, on_progress=show, out_dir=out)
-    except NonFiniteLoss as error:
+    except (NonFiniteLoss, OutOfMemory, CheckpointWriteError) as error:  # the run failed: one line, no traceback
         bar.close()
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -53,6 +53,7 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 from tokenizers import Tokenizer
 from tqdm import tqdm
@@ -153,6 +154,8 @@ class CorpusSource:
             )
         if all(file.stat().st_size == 0 for file in train):
             raise DataError(f"{files[0].parent} has no text: its train files are empty")
+        if formats[0] == "parquet":
+            _check_parquet_rows(files)
         return cls(
             text_column=text_column, file_format=formats[0], train_files=train, validation_files=validation
         )
@@ -182,6 +185,18 @@ class CorpusSource:
             "train": stat(self.train_files),
             "validation": stat(self.validation_files),
         }
+
+
+def _check_parquet_rows(files: list[Path]) -> None:
+    """`datasets` fails on a parquet file without rows with a traceback about batch sizes: name it."""
+    for file in files:
+        try:
+            rows = pq.read_metadata(file).num_rows
+        except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+            raise DataError(f"{file} is not a readable parquet file ({str(error).splitlines()[0]}); "
+                            "replace it or remove it") from None
+        if rows == 0:
+            raise DataError(f"{file} has no rows; remove it or write the corpus into it")
 
 
 def _data_files(directory: Path) -> list[Path]:
@@ -473,6 +488,11 @@ def prepare_data(
     start = time.perf_counter()
     timings: dict[str, float] = {}
     root = cache_root(cache_dir)
+    try:  # now, not after the tokenizer has been trained
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DataError(f"cache directory {root}: cannot create it ({error.strerror}); "
+                        "pass a writable --cache-dir (or set CRAMNAS_CACHE)") from None
     corpus = _Corpus(source, root / "hf-datasets")
     with _timed(timings, "tokenizer"):
         if tokenizer_file is not None:

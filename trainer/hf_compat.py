@@ -60,7 +60,7 @@ def convert_hf_bert_state_dict(hf: dict[str, torch.Tensor], layers: int) -> dict
     return out
 
 
-def from_hf_bert(hf_model) -> "CrammedBert":  # noqa: F821 (import below avoids a cycle at import time)
+def from_hf_bert(hf_model) -> CrammedBert:  # noqa: F821 (import below avoids a cycle at import time)
     """A CrammedBert with the weights of a `transformers.BertForMaskedLM`."""
     from trainer.model import CrammedBert
 

@@ -1,0 +1,352 @@
+"""The statistics behind the study report, as plain functions on pandas frames of runs.
+
+Frames are what `search.tracking.StudyTracker.trial_runs` returns (one row per run: `trial`,
+`run_id`, `status`, `start_time`, `end_time`, `params.*`, `metrics.*`, `tags.*`); `prepare` adds
+the few derived columns every view needs. Nothing here reads a store or draws anything, so each
+function is tested against scipy on hand-built frames. Parameter importance, which needs an Optuna
+study, lives in `dashboards.importance`.
+
+Which trials count: only `complete` ones (the `cramnas.status` tag) enter best-so-far, the Pareto
+fronts, the ablation table and the rankings. Repeats copy an earlier trial's result (the search's
+de-duplication), so counting them would weigh that architecture twice; pruned and failed trials
+have no final score. Every trial, whatever its fate, counts towards compute spent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+STATUS = "tags.cramnas.status"
+LOSS = "metrics.validation_loss"  # what the search logs (trainer.cram's CramResult name)
+PROBE = "metrics.probe_average"
+CONFIDENCE = 0.95
+# A parameter with more distinct values than this is a range, not a set of choices to ablate.
+MAX_CHOICES = 10
+# MLflow's run status, for runs whose `cramnas.status` tag is missing (search.tracking.TRIAL_STATUS).
+RUN_STATE = {"FINISHED": "complete", "KILLED": "pruned", "FAILED": "failed", "RUNNING": "running"}
+
+
+@dataclass(frozen=True)
+class Score:
+    """The number a study ranks by: a metric column and its direction."""
+
+    column: str
+    label: str
+    higher_is_better: bool
+    note: str = ""  # why this metric, when it is not the study's own objective
+
+    def best(self, values: pd.Series):
+        """Index of the best finite value (None when there is none)."""
+        finite = values[np.isfinite(values.astype(float))]
+        if finite.empty:
+            return None
+        return finite.idxmax() if self.higher_is_better else finite.idxmin()
+
+    def sort(self, frame: pd.DataFrame, column: str | None = None) -> pd.DataFrame:
+        return frame.sort_values(column or self.column, ascending=not self.higher_is_better,
+                                 na_position="last", kind="stable")
+
+
+PROBE_SCORE = Score(PROBE, "probe average (GLUE)", True)
+LOSS_SCORE = Score(LOSS, "validation MLM loss", False)
+
+
+def choose_score(objective: str | None, frame: pd.DataFrame) -> Score:
+    """The study's score: `probe_average` (higher is better) for the `probe` and `probe+throughput`
+    objectives, the validation MLM loss (lower is better) for `mlm`. A probe study whose complete
+    trials logged no probe score falls back to the loss, and says so."""
+    objective = (objective or "").strip()
+    if objective in ("mlm", "validation_loss"):
+        return LOSS_SCORE
+    counted_probe = counted(frame)[PROBE] if PROBE in frame else pd.Series(dtype=float)
+    if np.isfinite(counted_probe.astype(float)).any():
+        if objective in ("probe", "probe+throughput", "probe_average"):
+            return PROBE_SCORE
+        return Score(PROBE, PROBE_SCORE.label, True, f"objective {objective or 'unknown'}: ranked by the probe")
+    return Score(LOSS, LOSS_SCORE.label, False,
+                 "no complete trial has a probe score, so the validation MLM loss stands in for it")
+
+
+# ---- the frame --------------------------------------------------------------------------------
+
+def prepare(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy with `state` (complete, repeat, pruned, failed, running), the validation loss under
+    one name (`metrics.validation_loss`), and `spent_s`: the device seconds a run cost, its
+    `seconds` metric, else its wall time. A repeat's `seconds` is its original's copy, so a repeat
+    is charged its own (tiny) wall time."""
+    frame = frame.copy()
+    state = frame[STATUS] if STATUS in frame else pd.Series(np.nan, index=frame.index, dtype=object)
+    frame["state"] = state.fillna(frame["status"].map(RUN_STATE)).fillna("running").astype(str)
+    if LOSS not in frame:
+        frame[LOSS] = np.nan
+    for column in (PROBE, "metrics.seconds", "metrics.tokens", "metrics.tokens_per_s", "metrics.params"):
+        if column not in frame:
+            frame[column] = np.nan
+    # A running trial has no end time (NaT): it has cost nothing yet that we can count.
+    wall = (pd.to_datetime(frame["end_time"], utc=True) - pd.to_datetime(frame["start_time"], utc=True)).dt.total_seconds()
+    seconds = frame["metrics.seconds"].where(frame["state"] != "repeat")
+    frame["spent_s"] = seconds.fillna(wall).fillna(0.0).astype(float)
+    return frame
+
+
+def counted(frame: pd.DataFrame) -> pd.DataFrame:
+    """The trials statistics count: complete, not repeats."""
+    if "state" not in frame:
+        frame = prepare(frame)
+    return frame[frame["state"] == "complete"]
+
+
+def scored(frame: pd.DataFrame, score: Score) -> pd.DataFrame:
+    """Counted trials with a finite score."""
+    rows = counted(frame)
+    return rows[np.isfinite(rows[score.column].astype(float))]
+
+
+# ---- confidence intervals -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Interval:
+    n: int
+    mean: float
+    low: float  # NaN when n < 2: one value gives no interval
+    high: float
+
+    @property
+    def has_interval(self) -> bool:
+        return self.n >= 2
+
+
+def mean_ci(values: Iterable[float], confidence: float = CONFIDENCE) -> Interval:
+    """Mean and Student-t confidence interval of the finite `values`."""
+    data = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    n = len(data)
+    if n == 0:
+        return Interval(0, math.nan, math.nan, math.nan)
+    mean = float(data.mean())
+    if n == 1:
+        return Interval(1, mean, math.nan, math.nan)
+    sem = float(stats.sem(data))
+    if sem == 0.0:  # identical values: scipy's t needs a positive scale
+        return Interval(n, mean, mean, mean)
+    low, high = stats.t.interval(confidence, n - 1, loc=mean, scale=sem)
+    return Interval(n, mean, float(low), float(high))
+
+
+def overlap(a: Interval, b: Interval) -> bool | None:
+    """Whether two intervals overlap; None when either has none (n < 2)."""
+    if not (a.has_interval and b.has_interval):
+        return None
+    return a.low <= b.high and b.low <= a.high
+
+
+# ---- progress and fronts ----------------------------------------------------------------------
+
+def best_so_far(frame: pd.DataFrame, score: Score) -> pd.DataFrame:
+    """One row per trial in trial order: `trial`, `value` (the score if the trial counts, else NaN),
+    `best` (best counted value up to that trial) and `hours` (device hours spent up to and
+    including it, over every trial)."""
+    rows = frame.sort_values("trial")
+    value = rows[score.column].astype(float).where(rows["state"] == "complete")
+    value = value.where(np.isfinite(value))
+    best = value.cummax() if score.higher_is_better else value.cummin()
+    return pd.DataFrame({"trial": rows["trial"].to_numpy(), "value": value.to_numpy(),
+                         "best": best.ffill().to_numpy(), "hours": rows["spent_s"].cumsum().to_numpy() / 3600})
+
+
+def pareto_mask(x: Iterable[float], y: Iterable[float], x_higher: bool = True, y_higher: bool = True) -> np.ndarray:
+    """True for points no other point dominates (at least as good on both axes, better on one)."""
+    xs = np.asarray(list(x), dtype=float) * (1 if x_higher else -1)
+    ys = np.asarray(list(y), dtype=float) * (1 if y_higher else -1)
+    at_least = (xs[None, :] >= xs[:, None]) & (ys[None, :] >= ys[:, None])
+    better = (xs[None, :] > xs[:, None]) | (ys[None, :] > ys[:, None])
+    return ~(at_least & better).any(axis=1)
+
+
+# ---- ablation -----------------------------------------------------------------------------------
+
+def _sort_key(value: str):
+    try:
+        return (0, float(value), "")
+    except ValueError:
+        return (1, 0.0, value)
+
+
+def ablation_params(frame: pd.DataFrame, max_choices: int = MAX_CHOICES) -> list[str]:
+    """`params.arch.*` columns that took between 2 and `max_choices` values among counted trials."""
+    rows = counted(frame)
+    return [column for column in sorted(c for c in frame.columns if c.startswith("params.arch."))
+            if 2 <= rows[column].dropna().nunique() <= max_choices]
+
+
+def ablation(frame: pd.DataFrame, score: Score, max_choices: int = MAX_CHOICES) -> pd.DataFrame:
+    """For each choice of each searched architecture parameter: trial count, mean score and mean
+    validation loss with 95% intervals, which choice is best (by mean score), and `overlaps_best`:
+    whether its score interval overlaps the best choice's (None when either has n < 2). An
+    overlap means the data cannot tell the two apart; no overlap is a conservative sign they differ."""
+    rows = scored(frame, score)
+    records = []
+    for column in ablation_params(frame, max_choices):
+        choices = sorted(rows[column].dropna().unique(), key=_sort_key)
+        group = [(choice, mean_ci(rows.loc[rows[column] == choice, score.column].astype(float)),
+                  mean_ci(rows.loc[rows[column] == choice, LOSS].astype(float))) for choice in choices]
+        means = pd.Series([ci.mean for _, ci, _ in group], dtype=float)
+        best_index = score.best(means)
+        best_ci = group[best_index][1] if best_index is not None else None
+        for index, (choice, score_ci, loss_ci) in enumerate(group):
+            is_best = index == best_index
+            records.append({
+                "param": column.removeprefix("params.arch."), "choice": choice, "n": score_ci.n,
+                "score_mean": score_ci.mean, "score_low": score_ci.low, "score_high": score_ci.high,
+                "loss_mean": loss_ci.mean, "loss_low": loss_ci.low, "loss_high": loss_ci.high,
+                "best": is_best,
+                "overlaps_best": None if is_best or best_ci is None else overlap(score_ci, best_ci),
+            })
+    columns = ["param", "choice", "n", "score_mean", "score_low", "score_high", "loss_mean", "loss_low",
+               "loss_high", "best", "overlaps_best"]
+    return pd.DataFrame(records, columns=columns)
+
+
+# ---- lineage ------------------------------------------------------------------------------------
+
+def _int_tag(frame: pd.DataFrame, tag: str) -> pd.Series:
+    column = f"tags.cramnas.{tag}"
+    if column not in frame:
+        return pd.Series(pd.NA, index=frame.index, dtype="Int64")
+    return pd.to_numeric(frame[column], errors="coerce").astype("Int64")
+
+
+def lineage_edges(frame: pd.DataFrame) -> pd.DataFrame:
+    """Parent -> child edges of an evolution study: `parent`, `child` (trial numbers), `mutation`,
+    `parent_run_id`, `child_run_id`, in child order."""
+    parents = _int_tag(frame, "parent_trial")
+    rows = frame[parents.notna()]
+    absent = pd.Series(None, index=rows.index, dtype=object)
+    edges = pd.DataFrame({"parent": parents[parents.notna()].astype(int), "child": rows["trial"].astype(int),
+                          "mutation": rows.get("tags.cramnas.mutation", absent),
+                          "parent_run_id": rows.get("tags.cramnas.parent_run_id", absent), "child_run_id": rows["run_id"]})
+    return edges.sort_values("child", ignore_index=True)
+
+
+def tree_layout(frame: pd.DataFrame) -> pd.DataFrame:
+    """Node positions for a lineage tree: `trial`, `x` = generation, `y` = slot within the
+    generation. Generation 0 is in trial order; later generations are ordered by their parent's
+    slot, so children sit near their parents and few edges cross."""
+    generation = _int_tag(frame, "generation")
+    parent = _int_tag(frame, "parent_trial")
+    nodes = pd.DataFrame({"trial": frame["trial"].astype(int).to_numpy(),
+                          "generation": generation.to_numpy(), "parent": parent.to_numpy()})
+    nodes = nodes.sort_values("trial", ignore_index=True)
+    known = dict(zip(nodes["trial"], nodes["generation"], strict=True))
+    for index, row in nodes.iterrows():  # a missing generation tag: one more than the parent's
+        if pd.isna(row["generation"]):
+            parent_generation = known.get(row["parent"]) if pd.notna(row["parent"]) else None
+            known[row["trial"]] = 0 if parent_generation is None or pd.isna(parent_generation) else parent_generation + 1
+            nodes.loc[index, "generation"] = known[row["trial"]]
+    slot: dict[int, float] = {}
+    for _, members in nodes.groupby("generation", sort=True):
+        order = sorted(members.itertuples(), key=lambda r: (slot.get(r.parent, -1.0) if pd.notna(r.parent) else -1.0,
+                                                             r.trial))
+        offset = (len(order) - 1) / 2  # centre each generation on y = 0
+        for position, row in enumerate(order):
+            slot[row.trial] = position - offset
+    nodes["x"] = nodes["generation"].astype(int)
+    nodes["y"] = nodes["trial"].map(slot).astype(float)
+    return nodes[["trial", "x", "y"]]
+
+
+# ---- accounting -------------------------------------------------------------------------------
+
+STATES = ("complete", "repeat", "pruned", "failed", "running")
+
+
+def compute_accounting(frame: pd.DataFrame) -> pd.DataFrame:
+    """Trials, device hours and tokens trained by state, plus a `total` row. A repeat trains
+    nothing: its tokens are its original's."""
+    records = []
+    for state in [*STATES, *sorted(set(frame["state"]) - set(STATES))]:
+        rows = frame[frame["state"] == state]
+        if rows.empty:
+            continue
+        tokens = 0.0 if state == "repeat" else float(rows["metrics.tokens"].fillna(0).sum())
+        records.append({"state": state, "trials": len(rows), "device_hours": rows["spent_s"].sum() / 3600,
+                        "tokens": tokens})
+    table = pd.DataFrame(records, columns=["state", "trials", "device_hours", "tokens"])
+    total = {"state": "total", "trials": int(table["trials"].sum()),
+             "device_hours": float(table["device_hours"].sum()), "tokens": float(table["tokens"].sum())}
+    return pd.concat([table, pd.DataFrame([total])], ignore_index=True)
+
+
+def failures(frame: pd.DataFrame) -> pd.DataFrame:
+    """Failed and pruned trials with their reasons, in trial order."""
+    rows = frame[frame["state"].isin(["failed", "pruned"])].sort_values("trial")
+    reason = rows.get("tags.cramnas.failure_reason", pd.Series(np.nan, index=rows.index, dtype=object))
+    return pd.DataFrame({"trial": rows["trial"], "state": rows["state"], "reason": reason,
+                         "run_id": rows["run_id"]}).reset_index(drop=True)
+
+
+def top_k(frame: pd.DataFrame, score: Score, k: int = 10) -> pd.DataFrame:
+    return score.sort(scored(frame, score)).head(k)
+
+
+# ---- confirmation -------------------------------------------------------------------------------
+
+def confirmation_ranking(confirmations: pd.DataFrame, trials: pd.DataFrame, score: Score) -> pd.DataFrame:
+    """One row per confirmed configuration, best mean first: `trial` (the original), `run_id`
+    (its trial run), `original` (its search score), `n` complete seeds, `failed` seeds, `mean`,
+    `low`, `high` (95% interval over seeds), `rank`."""
+    runs = prepare(confirmations) if "state" not in confirmations else confirmations
+    # The original is named twice: by run id (`cramnas.confirmation_of`, which survives renumbering)
+    # and by number (`cramnas.original_trial`, the reader's `trial` column).
+    by_run = dict(zip(trials["run_id"], trials["trial"], strict=True))
+    of_run = runs.get("tags.cramnas.confirmation_of", pd.Series(np.nan, index=runs.index, dtype=object)).map(by_run)
+    runs = runs.assign(original_trial=of_run.fillna(pd.to_numeric(runs["trial"], errors="coerce")))
+    records = []
+    for number, group in runs.dropna(subset=["original_trial"]).groupby("original_trial"):
+        trial = trials[trials["trial"] == int(number)]
+        complete = group[group["state"] == "complete"]
+        ci = mean_ci(complete[score.column].astype(float))
+        records.append({"trial": int(number), "run_id": trial["run_id"].iloc[0] if len(trial) else None,
+                        "original": float(trial[score.column].iloc[0]) if len(trial) else math.nan,
+                        "n": ci.n, "failed": int((group["state"] == "failed").sum()),
+                        "mean": ci.mean, "low": ci.low, "high": ci.high})
+    table = pd.DataFrame(records, columns=["trial", "run_id", "original", "n", "failed", "mean", "low", "high"])
+    table = score.sort(table, "mean").reset_index(drop=True)
+    table["rank"] = np.arange(1, len(table) + 1)
+    return table
+
+
+def lead_within_noise(ranking: pd.DataFrame) -> bool | None:
+    """Whether the winner's interval overlaps the runner-up's (None: fewer than two configurations
+    with an interval to compare)."""
+    ranked = ranking[np.isfinite(ranking["mean"].astype(float))]
+    if len(ranked) < 2:
+        return None
+    first, second = (Interval(int(r.n), r.mean, r.low, r.high) for r in ranked.head(2).itertuples())
+    return overlap(first, second)
+
+
+@dataclass(frozen=True)
+class RankCorrelation:
+    n: int
+    spearman: float
+    spearman_p: float
+    kendall: float
+    kendall_p: float
+
+
+def rank_correlation(ranking: pd.DataFrame) -> RankCorrelation:
+    """Spearman's rho and Kendall's tau (with p-values) between the search score and the confirmed
+    mean of each configuration: do the two budgets order architectures alike? NaN below 2 pairs."""
+    pairs = ranking[np.isfinite(ranking["original"].astype(float)) & np.isfinite(ranking["mean"].astype(float))]
+    if len(pairs) < 2:
+        return RankCorrelation(len(pairs), math.nan, math.nan, math.nan, math.nan)
+    rho = stats.spearmanr(pairs["original"], pairs["mean"])
+    tau = stats.kendalltau(pairs["original"], pairs["mean"])
+    return RankCorrelation(len(pairs), float(rho.statistic), float(rho.pvalue), float(tau.statistic),
+                           float(tau.pvalue))

@@ -1,0 +1,90 @@
+"""A study as the dashboards read it: its MLflow experiment, study run, trial and confirmation runs.
+
+Only reads. Checks that would otherwise fail deep inside MLflow (a store that does not exist, a
+study that is not in it) raise `UsageError` with one line naming the flag and the fix; the CLIs
+print it and exit 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from mlflow import MlflowClient
+from mlflow.entities import Run
+
+from dashboards.analysis import Score, choose_score, prepare
+from search.tracking import TAG, StudyTracker, TrackingError, resolve_uri
+
+
+class UsageError(ValueError):
+    """Bad user input: one line naming the flag and the fix."""
+
+
+def open_store(uri: str | None) -> tuple[str, MlflowClient]:
+    """The resolved tracking URI and a client on it; a SQLite store must already exist (opening a
+    missing one would silently create an empty database)."""
+    uri = resolve_uri(uri)  # a SQLite path made absolute
+    path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None
+    if path is not None and not path.is_file():
+        raise UsageError(f"--tracking-uri: no MLflow store at {path}; pass the --tracking-uri the search used "
+                         "(default sqlite:///mlflow.db in the directory it ran in)")
+    return uri, MlflowClient(tracking_uri=uri)
+
+
+def known_studies(client: MlflowClient) -> list[str]:
+    """Names of the store's active experiments, one per study (MLflow's `Default` left out)."""
+    names = []
+    token = None
+    while True:
+        page = client.search_experiments(max_results=1000, page_token=token)
+        names += [e.name for e in page if e.name != "Default"]
+        token = page.token
+        if not token:
+            return sorted(names)
+
+
+def experiment_id(client: MlflowClient, uri: str, study: str) -> str:
+    """The experiment id of `study`; UsageError listing the known studies when there is none."""
+    experiment = client.get_experiment_by_name(study)
+    if experiment is None or experiment.lifecycle_stage != "active":
+        known = known_studies(client)
+        listed = ", ".join(known[:20]) + (f" (and {len(known) - 20} more)" if len(known) > 20 else "")
+        raise UsageError(f"--study: no study {study!r} in {uri}; known studies: {listed or 'none'}")
+    return experiment.experiment_id
+
+
+@dataclass
+class StudyData:
+    name: str
+    uri: str
+    experiment_id: str
+    study_run: Run | None  # None only for an experiment that no cramnas driver started
+    trials: pd.DataFrame  # `StudyTracker.trial_runs`, prepared (analysis.prepare)
+    confirmations: pd.DataFrame  # `StudyTracker.confirmation_runs`, prepared
+    score: Score
+
+    def setting(self, key: str) -> str | None:
+        """A study setting: the study run's `cramnas.<key>` tag, else its param."""
+        if self.study_run is None:
+            return None
+        return self.study_run.data.tags.get(TAG + key) or self.study_run.data.params.get(key)
+
+    @property
+    def controller(self) -> str:
+        return self.setting("controller") or "unknown"
+
+
+def load_study(study: str, uri: str | None = None) -> StudyData:
+    uri, client = open_store(uri)
+    try:
+        exp_id = experiment_id(client, uri, study)
+        tracker = StudyTracker(uri, study)
+        runs = client.search_runs([exp_id], f"tags.`{TAG}kind` = 'study'", max_results=1)
+        trials, confirmations = prepare(tracker.trial_runs()), prepare(tracker.confirmation_runs())
+    except TrackingError as error:
+        raise UsageError(f"--tracking-uri: {error}") from None
+    study_run = runs[0] if runs else None
+    objective = (study_run.data.tags.get(TAG + "objective") or study_run.data.params.get("objective")) if study_run else None
+    return StudyData(study, uri, exp_id, study_run, trials, confirmations, choose_score(objective, trials))

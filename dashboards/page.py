@@ -1,0 +1,95 @@
+"""The HTML of the study report: its style sheet, number formats, tables and figures."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 0;
+       background: #f6f8fa; color: #1f2328; line-height: 1.45; }
+main { max-width: 1320px; margin: 0 auto; padding: 24px 32px 64px; }
+h1 { font-size: 28px; margin: 8px 0 4px; }
+h2 { font-size: 20px; margin: 0 0 4px; }
+section { background: #fff; border: 1px solid #d0d7de; border-radius: 8px; padding: 16px 24px; margin: 18px 0; }
+p.lead { color: #57606a; margin: 0 0 12px; }
+.facts { display: flex; flex-wrap: wrap; gap: 8px 28px; margin: 8px 0 0; color: #424a53; }
+.facts b { color: #1f2328; }
+nav { margin: 12px 0 0; font-size: 14px; }
+nav a { margin-right: 14px; }
+a { color: #0969da; text-decoration: none; }
+a:hover { text-decoration: underline; }
+table { border-collapse: collapse; font-size: 14px; margin: 6px 0 10px; }
+th { text-align: left; font-weight: 600; background: #f6f8fa; border-bottom: 1px solid #d0d7de; }
+th, td { padding: 4px 12px 4px 8px; border-bottom: 1px solid #eaeef2; vertical-align: top; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.reason { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px; max-width: 760px;
+            word-break: break-word; }
+tr.group td { background: #f6f8fa; font-weight: 600; }
+.best { color: #1a7f37; font-weight: 600; }
+.apart { color: #9a6700; }
+.muted { color: #6e7781; }
+.note { background: #fff8c5; border: 1px solid #eac54f; border-radius: 6px; padding: 6px 10px; margin: 8px 0; }
+"""
+
+
+# ---- formatting ---------------------------------------------------------------------------------
+
+def _missing(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x)) or x is pd.NA
+
+
+def num(x, digits: int = 4) -> str:
+    """4 significant digits; thousands separated; a dash for missing."""
+    if _missing(x):
+        return "–"
+    x = float(x)
+    return f"{x:,.0f}" if abs(x) >= 10 ** digits else f"{x:.{digits}g}"
+
+
+def human(x) -> str:
+    """1234567 -> 1.23M: token and parameter counts."""
+    if _missing(x):
+        return "–"
+    for size, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= size:
+            return f"{x / size:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def interval(mean, low, high) -> str:
+    if _missing(mean):
+        return "–"
+    return f"{num(mean)} [{num(low)}, {num(high)}]" if not _missing(low) else f"{num(mean)} (n=1)"
+
+
+def esc(text) -> str:
+    return "–" if _missing(text) else html.escape(str(text))
+
+
+def link(url: str, text) -> str:
+    return f'<a href="{html.escape(url, quote=True)}">{esc(text)}</a>'
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str] | str], numeric: Sequence[int] = (),
+          classes: dict[int, str] | None = None) -> str:
+    """An HTML table. Cells are HTML already (escape text with `esc`); a row given as a string is
+    used as is (a group heading); columns in `numeric` align right, `classes` styles others."""
+    styles = {**(classes or {}), **dict.fromkeys(numeric, "num")}
+
+    def cells(values, tag):
+        return "".join(f'<{tag}{f" class={styles[i]}" if i in styles else ""}>{v}</{tag}>'
+                       for i, v in enumerate(values))
+    body = "".join(f"<tr>{cells(row, 'td')}</tr>" if not isinstance(row, str) else row for row in rows)
+    return f"<table><thead><tr>{cells(headers, 'th')}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def figure_html(fig: go.Figure, height: int = 420) -> str:
+    fig.update_layout(height=height, template="plotly_white", margin={"l": 60, "r": 30, "t": 50, "b": 50},
+                      font={"size": 13}, legend={"orientation": "h", "y": -0.18})
+    # plotly.js is in the page head once; every figure reuses it.
+    return fig.to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False, "responsive": True})

@@ -1,0 +1,365 @@
+"""`python -m dashboards.report --study NAME`: one self-contained HTML report of a study.
+
+The file carries plotly.js inline, so it opens offline and can be mailed around; it is also logged
+as an artifact of the study's MLflow run. Sections: best so far (by trial and by device-hours),
+Pareto fronts, parameter importance, the ablation table, the lineage tree (evolution), failures,
+compute accounting, the top trials with links into the MLflow UI, and the confirmation runs
+(`search.confirm`). The statistics are `dashboards.analysis`; this module only lays them out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pandas as pd
+import plotly.graph_objects as go
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
+
+from dashboards import analysis
+from dashboards.analysis import LOSS, Score
+from dashboards.data import StudyData, UsageError, load_study
+from dashboards.importance import param_importance
+from dashboards.page import CSS, esc, figure_html, human, interval, link, num, table
+from dashboards.ui import DEFAULT_PORT, LOOPBACK, run_url, runs_url
+from search.stores import study_storage
+
+TOP_K = 10
+COLOURS = {"point": "#8c959f", "front": "#0969da", "best": "#1a7f37", "edge": "#afb8c1"}
+def describe(row) -> str:
+    """An architecture in a few words, from a run's `params.arch.*`."""
+    layers, hidden, heads, ffn, norm, position = (row.get(f"params.arch.{key}", "?") for key in (
+        "layers", "hidden", "heads", "ffn_kind", "norm_placement", "position"))
+    return f"{layers}x{hidden}/{heads}h {ffn} {norm}-norm {position}"
+
+
+def axis_title(score: Score) -> str:
+    return f"{score.label} ({'higher' if score.higher_is_better else 'lower'} is better)"
+
+
+# ---- sections -----------------------------------------------------------------------------------
+
+class Report:
+    def __init__(self, data: StudyData, ui_url: str, top: int = TOP_K, storage: str | None = None) -> None:
+        self.data, self.ui_url, self.top = data, ui_url.rstrip("/"), top
+        self.score = data.score
+        self.trials = data.trials
+        self.storage = storage
+
+    def run_link(self, run_id, text) -> str:
+        return link(run_url(self.ui_url, self.data.experiment_id, run_id), text) if isinstance(run_id, str) else esc(text)
+
+    def no_complete(self) -> str:
+        return '<p class="muted">No complete trial yet: nothing to show here.</p>'
+
+    def progress(self) -> str:
+        rows = analysis.best_so_far(self.trials, self.score)
+        if rows["best"].isna().all():
+            return self.no_complete()
+        fig = make_subplots(rows=1, cols=2, subplot_titles=("by trial number", "by device-hours spent"),
+                            horizontal_spacing=0.08)
+        for col, x in ((1, "trial"), (2, "hours")):
+            seen = rows.dropna(subset=["value"])
+            fig.add_trace(go.Scatter(x=seen[x], y=seen["value"], mode="markers", name="complete trial",
+                                     marker={"color": COLOURS["point"], "size": 6}, showlegend=col == 1,
+                                     text=[f"trial {t}" for t in seen["trial"]]), row=1, col=col)
+            fig.add_trace(go.Scatter(x=rows[x], y=rows["best"], mode="lines", line_shape="hv", name="best so far",
+                                     line={"color": COLOURS["best"], "width": 2.5}, showlegend=col == 1),
+                          row=1, col=col)
+        fig.update_xaxes(title_text="trial", row=1, col=1)
+        fig.update_xaxes(title_text="device-hours (all trials, cumulative)", row=1, col=2)
+        fig.update_yaxes(title_text=axis_title(self.score), row=1, col=1)
+        return figure_html(fig)
+
+    def pareto(self) -> str:
+        rows = analysis.scored(self.trials, self.score)
+        if rows.empty:
+            return self.no_complete()
+        fig = make_subplots(rows=1, cols=2, subplot_titles=("against throughput", "against model size"),
+                            horizontal_spacing=0.08)
+        panels = ((1, "metrics.tokens_per_s", True, "tokens/s (higher is better)", 1.0),
+                  (2, "metrics.params", False, "parameters, millions (fewer is better)", 1e-6))
+        for col, column, higher, title, scale in panels:
+            points = rows.dropna(subset=[column])
+            if points.empty:
+                continue
+            front = points[analysis.pareto_mask(points[column], points[self.score.column], higher,
+                                                self.score.higher_is_better)].sort_values(column)
+            for subset, name, colour, mode in ((points, "complete trial", COLOURS["point"], "markers"),
+                                               (front, "Pareto front", COLOURS["front"], "lines+markers")):
+                fig.add_trace(go.Scatter(
+                    x=subset[column] * scale, y=subset[self.score.column], mode=mode, name=name,
+                    marker={"color": colour, "size": 7 if mode == "markers" else 9}, line={"color": colour},
+                    showlegend=col == 1, hovertext=[f"trial {r['trial']}: {describe(r)}" for _, r in subset.iterrows()],
+                    hoverinfo="text+x+y"), row=1, col=col)
+            fig.update_xaxes(title_text=title, row=1, col=col)
+        fig.update_yaxes(title_text=axis_title(self.score), row=1, col=1)
+        return figure_html(fig)
+
+    def importance(self) -> str:
+        result = param_importance(self.data.name, self.storage, self.trials, self.score)
+        source = f"<p>Computed from {esc(result.source)}.</p>"
+        if not result.values:
+            return source + f'<p class="muted">No importances: {esc(result.note)}.</p>'
+        names, values = list(result.values)[::-1], list(result.values.values())[::-1]
+        fig = go.Figure(go.Bar(x=values, y=names, orientation="h", marker_color=COLOURS["front"],
+                               text=[f"{v:.3f}" for v in values], textposition="outside"))
+        fig.update_xaxes(title_text="fANOVA importance (share of explained variance)", range=[0, max(values) * 1.15])
+        return source + figure_html(fig, height=max(260, 60 + 26 * len(names)))
+
+    def ablation(self) -> str:
+        table_ = analysis.ablation(self.trials, self.score)
+        if table_.empty:
+            return self.no_complete() if analysis.scored(self.trials, self.score).empty else \
+                '<p class="muted">No architecture parameter took more than one value among the complete trials.</p>'
+        with_loss = self.score.column != LOSS  # a loss-ranked study shows its score once
+        headers = ["choice", "trials", f"{self.score.label}: mean [95% CI]"]
+        headers += ["validation MLM loss: mean [95% CI]"] if with_loss else []
+        headers += ["against the best choice"]
+        rows: list = []
+        for param, group in table_.groupby("param", sort=False):
+            rows.append(f'<tr class="group"><td colspan="{len(headers)}">{esc(param)}</td></tr>')
+            for r in group.itertuples():
+                if r.best:
+                    verdict = '<span class="best">best</span>'
+                elif r.overlaps_best is None:
+                    verdict = '<span class="muted">n=1 on one side: no interval to compare</span>'
+                elif r.overlaps_best:
+                    verdict = '<span class="muted">not distinguishable (intervals overlap)</span>'
+                else:
+                    verdict = '<span class="apart">distinguishable: worse (intervals apart)</span>'
+                cells = [esc(r.choice), str(r.n), interval(r.score_mean, r.score_low, r.score_high)]
+                cells += [interval(r.loss_mean, r.loss_low, r.loss_high)] if with_loss else []
+                rows.append([*cells, verdict])
+        return table(headers, rows, numeric=(1, 2, 3) if with_loss else (1, 2))
+
+    def lineage(self) -> str:
+        edges = analysis.lineage_edges(self.trials)
+        if edges.empty:
+            if self.data.controller == "evolution":
+                return '<p class="muted">No lineage yet: regularized evolution samples its first population ' \
+                       'at random and breeds from parents after that.</p>'
+            return f'<p class="muted">No lineage (controller {esc(self.data.controller)}): only regularized ' \
+                   f'evolution breeds trials from parents.</p>'
+        nodes = analysis.tree_layout(self.trials).merge(
+            self.trials[["trial", "state", self.score.column]].rename(columns={self.score.column: "score"}), on="trial")
+        where = nodes.set_index("trial")[["x", "y"]]
+        known = edges[edges["parent"].isin(where.index)]
+        fig = go.Figure()
+        ex, ey = [], []
+        for e in known.itertuples():
+            ex += [where.at[e.parent, "x"], where.at[e.child, "x"], None]
+            ey += [where.at[e.parent, "y"], where.at[e.child, "y"], None]
+        fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line={"color": COLOURS["edge"], "width": 1},
+                                 hoverinfo="skip", showlegend=False))
+        mid_x = [(where.at[e.parent, "x"] + where.at[e.child, "x"]) / 2 for e in known.itertuples()]
+        mid_y = [(where.at[e.parent, "y"] + where.at[e.child, "y"]) / 2 for e in known.itertuples()]
+        labels = [f"{e.parent} → {e.child}: {e.mutation}" for e in known.itertuples()]
+        few = len(known) <= 40  # beyond that, labels would cover the tree: hover instead
+        fig.add_trace(go.Scatter(x=mid_x, y=mid_y, mode="text" if few else "markers",
+                                 text=[str(e.mutation) for e in known.itertuples()] if few else None,
+                                 textfont={"size": 10, "color": "#57606a"}, marker={"size": 5, "color": COLOURS["edge"]},
+                                 hovertext=labels, hoverinfo="text", showlegend=False))
+        scored = nodes["state"].eq("complete") & np.isfinite(nodes["score"].astype(float))
+        for subset, name, marker in (
+                (nodes[scored], "complete", {"size": 11, "color": nodes.loc[scored, "score"],
+                                             "colorscale": "Viridis", "reversescale": not self.score.higher_is_better,
+                                             "colorbar": {"title": {"text": self.score.label}, "thickness": 14},
+                                             "line": {"width": 1, "color": "#fff"}}),
+                (nodes[~scored], "failed, pruned or repeat", {"size": 9, "color": COLOURS["point"], "symbol": "x"})):
+            fig.add_trace(go.Scatter(x=subset["x"], y=subset["y"], mode="markers", name=name, marker=marker,
+                                     hovertext=[f"trial {r.trial} ({r.state}): {num(r.score)}"
+                                                for r in subset.itertuples()], hoverinfo="text"))
+        last = int(nodes["x"].max())
+        fig.update_xaxes(title_text="generation", range=[-0.5, last + 0.5], dtick=1 if last <= 30 else None)
+        fig.update_yaxes(visible=False)
+        widest = int(nodes.groupby("x").size().max())
+        return figure_html(fig, height=min(1400, max(420, 24 * widest + 120)))
+
+    def failures(self) -> str:
+        rows = analysis.failures(self.trials)
+        if rows.empty:
+            return '<p class="muted">No failed or pruned trials.</p>'
+        body = [[self.run_link(r.run_id, r.trial), esc(r.state), esc(r.reason)] for r in rows.itertuples()]
+        return table(["trial", "status", "reason"], body, classes={2: "reason"})
+
+    def compute(self) -> str:
+        accounts = analysis.compute_accounting(self.trials)
+        total = accounts.iloc[-1]
+        lost = accounts[accounts["state"].isin(["failed", "pruned"])]["device_hours"].sum()
+        share = (f" ({100 * lost / total['device_hours']:.2g}% of it on failed or pruned trials)"
+                 if total["device_hours"] else "")
+        sentence = (f"<p>{int(total['trials'])} trials used {num(total['device_hours'], 3)} device-hours{share} and "
+                    f"trained {human(total['tokens'])} tokens.</p>")
+        body = [[esc(r.state), str(r.trials), num(r.device_hours, 3), human(r.tokens)] for r in accounts.itertuples()]
+        return sentence + table(["status", "trials", "device-hours", "tokens trained"], body, numeric=(1, 2, 3))
+
+    def top_table(self) -> str:
+        rows = analysis.top_k(self.trials, self.score, self.top)
+        if rows.empty:
+            return self.no_complete()
+        # The loss gets its own column unless it is the score already.
+        columns = [self.score.column] + ([LOSS] if self.score.column != LOSS else [])
+        labels = [self.score.label] + (["val. MLM loss"] if self.score.column != LOSS else [])
+        body = []
+        for rank, (_, r) in enumerate(rows.iterrows(), start=1):
+            body.append([str(rank), self.run_link(r["run_id"], r["trial"]), *(num(r[c]) for c in columns),
+                         num(r["metrics.tokens_per_s"]), human(r["metrics.params"]), esc(describe(r)),
+                         self.run_link(r["run_id"], r.get("run_name", r["run_id"]))])
+        headers = ["rank", "trial", *labels, "tokens/s", "params", "architecture", "MLflow run"]
+        return table(headers, body, numeric=tuple(range(len(columns) + 4)))
+
+    def confirmation(self) -> str:
+        runs = self.data.confirmations
+        if runs.empty:
+            return (f'<p class="muted">No confirmation runs yet. Re-train the top trials with new seeds: '
+                    f'<code>python -m search.confirm --study {esc(self.data.name)}</code></p>')
+        ranking = analysis.confirmation_ranking(runs, self.trials, self.score)
+        body = [[str(r.rank), self.run_link(r.run_id, r.trial), num(r.original), interval(r.mean, r.low, r.high),
+                 str(r.n), str(r.failed)] for r in ranking.itertuples()]
+        parts = [table(["rank", "trial", f"search {self.score.label}", "confirmed mean [95% CI]", "seeds",
+                        "failed seeds"], body, numeric=(0, 1, 2, 3, 4, 5))]
+        noise = analysis.lead_within_noise(ranking)
+        if noise is None:
+            parts.append("<p>Fewer than two configurations have an interval (two or more complete seeds each): "
+                         "the winner's lead cannot be judged yet.</p>")
+        else:
+            first, second = ranking.iloc[0], ranking.iloc[1]
+            verdict = ("is within noise: its interval overlaps the runner-up's, so more seeds (or a longer budget) "
+                       "are needed to call it" if noise else
+                       "holds: its interval does not overlap the runner-up's")
+            parts.append(f"<p><b>Trial {first['trial']}</b> leads trial {second['trial']} by "
+                         f"{num(abs(first['mean'] - second['mean']), 3)}; the lead {verdict}.</p>")
+        budgets = set(runs.get("params.budget", pd.Series(dtype=object)).dropna())
+        search_budget = self.data.setting("budget")
+        if budgets and budgets != {search_budget}:
+            corr = analysis.rank_correlation(ranking)
+            parts.append(
+                f"<p>The confirmation budget ({esc(', '.join(sorted(budgets)))}) differs from the search budget "
+                f"({esc(search_budget)}). Rank agreement between the search score and the confirmed mean over "
+                f"{corr.n} configurations: Spearman ρ = {num(corr.spearman, 3)} (p = {num(corr.spearman_p, 3)}), "
+                f"Kendall τ = {num(corr.kendall, 3)} (p = {num(corr.kendall_p, 3)}).</p>")
+        else:
+            parts.append(f"<p>The confirmations ran under the search budget ({esc(search_budget)}): no cross-budget "
+                         f"rank correlation to give.</p>")
+        finite = ranking[np.isfinite(ranking["mean"].astype(float))]
+        if not finite.empty:
+            fig = go.Figure(go.Scatter(
+                x=finite["original"], y=finite["mean"], mode="markers+text", text=[f"t{t}" for t in finite["trial"]],
+                textposition="top center", marker={"size": 10, "color": COLOURS["front"]},
+                error_y={"type": "data", "array": (finite["high"] - finite["mean"]).fillna(0),
+                         "arrayminus": (finite["mean"] - finite["low"]).fillna(0)}))
+            fig.update_xaxes(title_text=f"search {self.score.label}")
+            fig.update_yaxes(title_text="confirmed mean, 95% CI")
+            parts.append(figure_html(fig, height=380))
+        return "".join(parts)
+
+
+SECTIONS = (  # id, heading, one sentence of what it shows, method
+    ("progress", "Best so far", ("The best score among complete trials, against the trial number and against the "
+     "device-hours spent on all trials (failed and pruned ones included)."), "progress"),
+    ("pareto", "Pareto fronts", ("Score against throughput and against model size; the highlighted trials are "
+     "not beaten on both axes by any other."), "pareto"),
+    ("importance", "Parameter importance", ("How much of the score's variance each searched parameter explains "
+     "(Optuna's fANOVA, on complete trials that are not repeats)."), "importance"),
+    ("ablation", "Ablation", ("Every choice of every searched architecture parameter: mean score over the complete "
+     "trials that made it, with a 95% Student-t interval. Overlapping intervals mean the data cannot tell a choice "
+     "from the best one (a conservative test)."), "ablation"),
+    ("lineage", "Lineage", ("Which trial each evolved trial was mutated from, by generation; nodes are coloured by "
+     "score, edges carry the mutation."), "lineage"),
+    ("failures", "Failures and pruned trials", "Trials that did not finish, with the recorded reason.", "failures"),
+    ("compute", "Compute", "Trials by status, the device-hours they took and the tokens they trained.", "compute"),
+    ("top", "Top trials", "The best complete trials, linked to their MLflow runs.", "top_table"),
+    ("confirmation", "Confirmation", ("The top configurations re-trained with new seeds (search.confirm), ranked by "
+     "their mean score."), "confirmation"),
+)
+
+
+def render(data: StudyData, ui_url: str = f"http://{LOOPBACK}:{DEFAULT_PORT}", top: int = TOP_K,
+           storage: str | None = None) -> str:
+    """The report as one HTML document (plotly.js inline)."""
+    report = Report(data, ui_url, top, storage)
+    counts = data.trials["state"].value_counts()
+    facts = {"controller": data.controller, "objective": data.setting("objective") or "unknown",
+             "budget per trial": data.setting("budget") or "unknown",
+             "trials": ", ".join(f"{counts[s]} {s}" for s in analysis.STATES if s in counts) or "none",
+             "ranked by": axis_title(data.score)}
+    head = (f"<header><h1>Study {esc(data.name)}</h1>"
+            f'<div class="facts">{"".join(f"<span>{esc(k)}: <b>{esc(v)}</b></span>" for k, v in facts.items())}</div>'
+            f'<p class="muted">MLflow {esc(data.uri)}, experiment {esc(data.experiment_id)}: '
+            f'{link(runs_url(report.ui_url, data.experiment_id), "runs table")} · generated '
+            f'{time.strftime("%Y-%m-%d %H:%M %Z")}</p>'
+            + (f'<p class="note">{esc(data.score.note)}</p>' if data.score.note else "")
+            + "<nav>" + "".join(f'<a href="#{key}">{esc(title)}</a>' for key, title, _, _ in SECTIONS) + "</nav></header>")
+    sections = [f'<section id="{key}"><h2>{esc(title)}</h2><p class="lead">{esc(lead)}</p>'
+                f"{getattr(report, method)()}</section>" for key, title, lead, method in SECTIONS]
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>cramnas study {esc(data.name)}</title>'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style>'
+            f'<script type="text/javascript">{get_plotlyjs()}</script></head>'
+            f"<body><main>{head}{''.join(sections)}</main></body></html>")
+
+
+def write_report(study: str, out: str | Path = "report.html", uri: str | None = None,
+                 ui_url: str = f"http://{LOOPBACK}:{DEFAULT_PORT}", top: int = TOP_K, log_artifact: bool = True,
+                 storage: str | None = None) -> Path:
+    """Render the report of `study` to `out` and (by default) log it to the study's MLflow run."""
+    data = load_study(study, uri)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(data, ui_url, top, storage or study_storage(data.uri)), encoding="utf-8")
+    if log_artifact and data.study_run is not None:
+        try:
+            MlflowClient(tracking_uri=data.uri).log_artifact(data.study_run.info.run_id, str(out))
+        except (MlflowException, OSError) as error:
+            raise ArtifactError(f"wrote {out}, but could not log it to the study run "
+                                f"{data.study_run.info.run_id}: {_first_line(error)}; pass --no-log to skip") from None
+    return out
+
+
+class ArtifactError(RuntimeError):
+    pass
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dashboards.report", description=__doc__.splitlines()[0])
+    parser.add_argument("--study", required=True)
+    parser.add_argument("--out", default="report.html", help="default: report.html")
+    parser.add_argument("--tracking-uri", help="default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
+    parser.add_argument("--storage", help="the Optuna study store (default: optuna.db beside a SQLite MLflow store)")
+    parser.add_argument("--ui-url", default=f"http://{LOOPBACK}:{DEFAULT_PORT}",
+                        help="where the MLflow UI is served, for run links (default: %(default)s)")
+    parser.add_argument("--top", type=int, default=TOP_K, help="rows of the top-trials table (default: %(default)s)")
+    parser.add_argument("--no-log", action="store_true", help="do not log the report to the study's MLflow run")
+    args = parser.parse_args(argv)
+    if args.top < 1:
+        print(f"error: --top: expected a positive number of rows, got {args.top}", file=sys.stderr)
+        return 2
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not a line per in-memory importance study
+    started = time.perf_counter()
+    try:
+        out = write_report(args.study, args.out, args.tracking_uri, args.ui_url, args.top, not args.no_log, args.storage)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except (ArtifactError, OSError) as error:
+        print(f"error: {_first_line(error)}", file=sys.stderr)
+        return 1
+    logged = "" if args.no_log else ", logged to the study's MLflow run"
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - started:.1f} s{logged}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

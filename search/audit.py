@@ -1,0 +1,127 @@
+"""`python -m search.audit --study NAME [--trials N]`: do a study's two stores agree?
+
+A study lives in two stores (the Optuna study and MLflow, `search.stores`); every fault a study can
+meet (a trial that raises or diverges, a worker or driver killed, a tracking server away for a
+while) must leave them agreeing. The audit checks, and says what it found:
+- no trial is left running in either store (while no driver is running the study);
+- every counted Optuna trial (infeasible draws are told PRUNED and redrawn: they do not count)
+  has exactly one MLflow trial run, and no trial run lacks its Optuna trial;
+- the states agree: COMPLETE is FINISHED, PRUNED is KILLED, FAIL is FAILED (or KILLED, for a
+  trial whose driver died under it, `search.study.reconcile`);
+- every failed trial run says why (`cramnas.failure_reason`);
+- with `--trials N`: complete + pruned + failed is exactly N.
+Exit code 0 when all hold, 1 with one line per problem otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RUN_STATUS_OF = {"complete": {"FINISHED"}, "pruned": {"KILLED"}, "failed": {"FAILED", "KILLED"}}
+
+
+@dataclass
+class Audit:
+    study: str
+    counts: dict[str, int]  # Optuna trials by state (complete, pruned, failed, running, infeasible)
+    runs: dict[str, int]  # MLflow trial runs by run status
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        optuna_counts = ", ".join(f"{n} {state}" for state, n in self.counts.items() if n)
+        runs = ", ".join(f"{n} {status}" for status, n in sorted(self.runs.items()))
+        verdict = "consistent" if self.ok else f"{len(self.problems)} problem(s)"
+        return f"study {self.study}: Optuna {optuna_counts or 'no trials'}; MLflow {runs or 'no runs'}: {verdict}"
+
+
+def audit_study(study_name: str, tracking_uri: str | None = None, storage: str | None = None,
+                trials: int | None = None) -> Audit:
+    """Compare the study's Optuna trials with its MLflow trial runs (see the module docstring)."""
+    import optuna
+
+    from search.controllers import study_counts
+    from search.stores import study_storage
+    from search.tracking import StudyTracker
+
+    study = optuna.load_study(study_name=study_name, storage=study_storage(tracking_uri, storage))
+    counts = study_counts(study)
+    state_name = {optuna.trial.TrialState.COMPLETE: "complete", optuna.trial.TrialState.PRUNED: "pruned",
+                  optuna.trial.TrialState.FAIL: "failed", optuna.trial.TrialState.RUNNING: "running"}
+    counted = {t.number: state_name.get(t.state, t.state.name.lower()) for t in study.get_trials(deepcopy=False)
+               if "infeasible" not in t.user_attrs}
+    frame = StudyTracker(tracking_uri, study_name).trial_runs()
+    runs = frame.to_dict("records")
+    audit = Audit(study_name, counts, dict(Counter(r["status"] for r in runs)))
+    problems = audit.problems
+
+    if counts["running"]:
+        problems.append(f"{counts['running']} Optuna trial(s) still RUNNING: resume the study "
+                        f"(search.run --study {study_name} --resume) to close them")
+    if trials is not None:
+        finished = counts["complete"] + counts["pruned"] + counts["failed"]
+        if finished != trials:
+            problems.append(f"complete + pruned + failed = {finished}, expected {trials}")
+    by_trial: dict[int, list[dict]] = {}
+    for run in runs:
+        by_trial.setdefault(int(run["trial"]), []).append(run)
+    for number, state in sorted(counted.items()):
+        found = by_trial.get(number, [])
+        if not found:
+            problems.append(f"trial {number} ({state}): no MLflow run")
+            continue
+        if len(found) > 1:
+            problems.append(f"trial {number}: {len(found)} MLflow runs ({', '.join(r['run_id'] for r in found)})")
+        run = found[0]
+        if run["status"] == "RUNNING":
+            problems.append(f"trial {number}: MLflow run {run['run_id']} still RUNNING")
+        elif state in RUN_STATUS_OF and run["status"] not in RUN_STATUS_OF[state]:
+            problems.append(f"trial {number}: Optuna says {state}, MLflow run {run['run_id']} is {run['status']}")
+        reason = run.get("tags.cramnas.failure_reason")
+        if state == "failed" and not (isinstance(reason, str) and reason):
+            problems.append(f"trial {number}: failed without a cramnas.failure_reason")
+    for number in sorted(set(by_trial) - set(counted)):
+        problems.append(f"MLflow trial run(s) for trial {number}, which the Optuna study does not count")
+    return audit
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m search.audit", description=__doc__.splitlines()[0])
+    parser.add_argument("--study", required=True)
+    parser.add_argument("--trials", type=int, help="the total the study should have reached")
+    parser.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    parser.add_argument("--storage", help="Optuna study storage (default: optuna.db beside a SQLite MLflow store)")
+    args = parser.parse_args(argv)
+    import optuna
+
+    from search.stores import study_storage
+    from search.tracking import check_store
+
+    try:
+        storage = study_storage(args.tracking_uri, args.storage)
+        if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).is_file():
+            raise ValueError(f"--storage: no study store at {storage}; pass --tracking-uri/--storage as given "
+                             "to search.run")
+        if args.study not in optuna.get_all_study_names(storage):
+            raise ValueError(f"--study: no study {args.study!r} in {storage}; pass --tracking-uri/--storage "
+                             "as given to search.run")
+        uri = check_store(args.tracking_uri)
+        audit = audit_study(args.study, uri, storage, args.trials)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(audit.summary())
+    for problem in audit.problems:
+        print(f"  - {problem}")
+    return 0 if audit.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,60 @@
+"""Helpers for tests that run real (tiny) studies: `search.run` arguments, the two-store check, and
+killing a driver with everything it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from search.tracking import trial_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE = ROOT / "tests" / "search_files" / "tiny_profile.yaml"
+
+
+def study_args(tmp_path: Path, data: Path, study: str, *extra: str, tracking_uri: str | None = None,
+               cache_dir: Path | None = None) -> list[str]:
+    """`search.run` arguments for a study of the tiny profile, its stores (and by default its token
+    cache) in `tmp_path`."""
+    return ["--profile", str(PROFILE), "--data", str(data), "--study", study, "--seed", "1",
+            "--tracking-uri", tracking_uri or f"sqlite:///{tmp_path}/mlflow.db",
+            "--storage", f"sqlite:///{tmp_path}/optuna.db", "--cache-dir", str(cache_dir or tmp_path / "cache"),
+            *extra]
+
+
+def check_stores_agree(tmp_path: Path, study_name: str, trials: int,
+                       tracking_uri: str | None = None) -> tuple[optuna.Study, list[dict]]:
+    """Counts are exact, every counted Optuna trial has exactly one MLflow run, none RUNNING, and
+    the run's status matches the trial's state."""
+    study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{tmp_path}/optuna.db")
+    counted = [t for t in study.trials if "infeasible" not in t.user_attrs]
+    assert len(counted) == trials
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) for t in counted)
+    runs = trial_runs(study_name, tracking_uri or f"sqlite:///{tmp_path}/mlflow.db").to_dict("records")
+    assert sorted(int(r["trial"]) for r in runs) == sorted(t.number for t in counted)  # one run each
+    # KILLED for a failed trial: a run the driver's death cut short (see search.study.reconcile).
+    status = {TrialState.COMPLETE: {"FINISHED"}, TrialState.PRUNED: {"KILLED"}, TrialState.FAIL: {"FAILED", "KILLED"}}
+    by_trial = {int(r["trial"]): r for r in runs}
+    for trial in counted:
+        assert by_trial[trial.number]["status"] in status[trial.state], trial.number
+    return study, runs
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL a process started with `start_new_session=True` and everything in its session (a
+    driver's local Ray processes)."""
+    sid = os.getsid(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == sid:
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
