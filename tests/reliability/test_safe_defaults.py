@@ -100,12 +100,15 @@ def test_no_source_binds_every_interface():
         assert "0.0.0.0" not in path.read_text(), path.relative_to(REPO)
 
 
-def test_the_readme_mlflow_commands_bind_loopback():
-    commands = [line for line in (REPO / "README.md").read_text().splitlines()
-                if re.search(r"\bmlflow (ui|server)\b", line)]
-    assert commands
-    for line in commands:
-        assert f"--host {LOOPBACK}" in line, line
+def test_the_readme_ui_commands_bind_loopback():
+    """The README opens the UI with dashboards.ui (loopback by default: the next test); a bare
+    `mlflow ui|server` command it shows passes --host 127.0.0.1, and nothing widens the host."""
+    text = (REPO / "README.md").read_text()
+    assert "python -m dashboards.ui" in text
+    for line in text.splitlines():
+        if re.search(r"\bmlflow (ui|server)\b", line):
+            assert f"--host {LOOPBACK}" in line, line
+        assert not re.search(r"--host (?!127\.0\.0\.1)", line), line
 
 
 def test_the_mlflow_ui_launcher_binds_loopback_by_default(tmp_path, monkeypatch):
