@@ -22,14 +22,17 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from search.confirm import mean_interval
+from search.tracking import TRIAL_STATUS
+
 STATUS = "tags.cramnas.status"
 LOSS = "metrics.validation_loss"  # what the search logs (trainer.cram's CramResult name)
 PROBE = "metrics.probe_average"
 CONFIDENCE = 0.95
 # A parameter with more distinct values than this is a range, not a set of choices to ablate.
 MAX_CHOICES = 10
-# MLflow's run status, for runs whose `cramnas.status` tag is missing (search.tracking.TRIAL_STATUS).
-RUN_STATE = {"FINISHED": "complete", "KILLED": "pruned", "FAILED": "failed", "RUNNING": "running"}
+# MLflow's run status, for runs whose `cramnas.status` tag is missing.
+RUN_STATE = {**TRIAL_STATUS, "RUNNING": "running"}
 
 
 @dataclass(frozen=True)
@@ -123,19 +126,16 @@ class Interval:
 
 
 def mean_ci(values: Iterable[float], confidence: float = CONFIDENCE) -> Interval:
-    """Mean and Student-t confidence interval of the finite `values`."""
-    data = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
-    n = len(data)
-    if n == 0:
+    """Mean and Student-t confidence interval of the finite `values`: `search.confirm.mean_interval`,
+    so that the report and search.confirm's table give the same interval."""
+    data = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not data:
         return Interval(0, math.nan, math.nan, math.nan)
-    mean = float(data.mean())
-    if n == 1:
+    mean, half = mean_interval(data, confidence)
+    if half is None:  # one value gives no interval
         return Interval(1, mean, math.nan, math.nan)
-    sem = float(stats.sem(data))
-    if sem == 0.0:  # identical values: scipy's t needs a positive scale
-        return Interval(n, mean, mean, mean)
-    low, high = stats.t.interval(confidence, n - 1, loc=mean, scale=sem)
-    return Interval(n, mean, float(low), float(high))
+    half = float(half)  # scipy's numpy float: plain floats keep `overlap` a plain bool
+    return Interval(len(data), mean, mean - half, mean + half)
 
 
 def overlap(a: Interval, b: Interval) -> bool | None:

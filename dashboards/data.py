@@ -8,28 +8,23 @@ print it and exit 2.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Run
 
 from dashboards.analysis import Score, choose_score, prepare
-from search.tracking import TAG, StudyTracker, TrackingError, resolve_uri
-
-
-class UsageError(ValueError):
-    """Bad user input: one line naming the flag and the fix."""
+from search.run import UsageError  # the project's one-line user error (exit 2), shared with the search CLIs
+from search.tracking import TAG, StudyTracker, TrackingError, existing_store
 
 
 def open_store(uri: str | None) -> tuple[str, MlflowClient]:
     """The resolved tracking URI and a client on it; a SQLite store must already exist (opening a
     missing one would silently create an empty database)."""
-    uri = resolve_uri(uri)  # a SQLite path made absolute
-    path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None
-    if path is not None and not path.is_file():
-        raise UsageError(f"--tracking-uri: no MLflow store at {path}; pass the --tracking-uri the search used "
-                         "(default sqlite:///mlflow.db in the directory it ran in)")
+    try:
+        uri = existing_store(uri)
+    except TrackingError as error:  # its message names --tracking-uri already
+        raise UsageError(str(error)) from None
     return uri, MlflowClient(tracking_uri=uri)
 
 
@@ -66,10 +61,7 @@ class StudyData:
     score: Score
 
     def setting(self, key: str) -> str | None:
-        """A study setting: the study run's `cramnas.<key>` tag, else its param."""
-        if self.study_run is None:
-            return None
-        return self.study_run.data.tags.get(TAG + key) or self.study_run.data.params.get(key)
+        return _setting(self.study_run, key)
 
     @property
     def controller(self) -> str:
@@ -86,5 +78,12 @@ def load_study(study: str, uri: str | None = None) -> StudyData:
     except TrackingError as error:
         raise UsageError(f"--tracking-uri: {error}") from None
     study_run = runs[0] if runs else None
-    objective = (study_run.data.tags.get(TAG + "objective") or study_run.data.params.get("objective")) if study_run else None
-    return StudyData(study, uri, exp_id, study_run, trials, confirmations, choose_score(objective, trials))
+    score = choose_score(_setting(study_run, "objective"), trials)
+    return StudyData(study, uri, exp_id, study_run, trials, confirmations, score)
+
+
+def _setting(study_run: Run | None, key: str) -> str | None:
+    """A study setting: the study run's `cramnas.<key>` tag, else its param."""
+    if study_run is None:
+        return None
+    return study_run.data.tags.get(TAG + key) or study_run.data.params.get(key)

@@ -11,7 +11,6 @@ repeats count, as in the rest of the report.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import optuna
@@ -25,6 +24,7 @@ from optuna.distributions import (
 from optuna.trial import TrialState
 
 from dashboards.analysis import Score, scored
+from search.tracking import sqlite_path
 
 SEED = 0  # fANOVA fits random forests: a fixed seed makes the report reproducible
 
@@ -38,7 +38,8 @@ class Importance:
 
 def _optuna_trials(study_name: str, storage: str) -> list[optuna.trial.FrozenTrial] | None:
     """The study's counted trials from its Optuna store; None when the store or study is missing."""
-    if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).is_file():
+    database = sqlite_path(storage)
+    if database is not None and not database.is_file():
         return None  # opening a missing SQLite file would create an empty one
     try:
         if study_name not in optuna.study.get_all_study_names(storage):

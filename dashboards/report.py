@@ -30,6 +30,7 @@ from dashboards.importance import param_importance
 from dashboards.page import CSS, esc, figure_html, human, interval, link, num, table
 from dashboards.ui import DEFAULT_PORT, LOOPBACK, run_url, runs_url
 from search.stores import study_storage
+from search.tracking import first_line
 
 TOP_K = 10
 COLOURS = {"point": "#8c959f", "front": "#0969da", "best": "#1a7f37", "edge": "#afb8c1"}
@@ -306,11 +307,12 @@ def render(data: StudyData, ui_url: str = f"http://{LOOPBACK}:{DEFAULT_PORT}", t
             f"<body><main>{head}{''.join(sections)}</main></body></html>")
 
 
-def write_report(study: str, out: str | Path = "report.html", uri: str | None = None,
+def write_report(study: str | StudyData, out: str | Path = "report.html", uri: str | None = None,
                  ui_url: str = f"http://{LOOPBACK}:{DEFAULT_PORT}", top: int = TOP_K, log_artifact: bool = True,
                  storage: str | None = None) -> Path:
-    """Render the report of `study` to `out` and (by default) log it to the study's MLflow run."""
-    data = load_study(study, uri)
+    """Render the report of `study` (a name, read from the store at `uri`, or a study already read)
+    to `out` and (by default) log it to the study's MLflow run."""
+    data = study if isinstance(study, StudyData) else load_study(study, uri)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(data, ui_url, top, storage or study_storage(data.uri)), encoding="utf-8")
@@ -319,17 +321,12 @@ def write_report(study: str, out: str | Path = "report.html", uri: str | None = 
             MlflowClient(tracking_uri=data.uri).log_artifact(data.study_run.info.run_id, str(out))
         except (MlflowException, OSError) as error:
             raise ArtifactError(f"wrote {out}, but could not log it to the study run "
-                                f"{data.study_run.info.run_id}: {_first_line(error)}; pass --no-log to skip") from None
+                                f"{data.study_run.info.run_id}: {first_line(error)}; pass --no-log to skip") from None
     return out
 
 
 class ArtifactError(RuntimeError):
     pass
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except (ArtifactError, OSError) as error:
-        print(f"error: {_first_line(error)}", file=sys.stderr)
+        print(f"error: {first_line(error)}", file=sys.stderr)
         return 1
     logged = "" if args.no_log else ", logged to the study's MLflow run"
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - started:.1f} s{logged}")

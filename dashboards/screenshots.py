@@ -32,7 +32,6 @@ import http.server
 import json
 import re
 import shutil
-import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -46,11 +45,12 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from dashboards import ui
-from dashboards.analysis import LOSS, PROBE, scored
+from dashboards.analysis import LOSS, PROBE, top_k
 from dashboards.data import StudyData, UsageError, load_study
 from dashboards.report import write_report
+from dashboards.ui import LOOPBACK
+from search.tracking import first_line
 
-LOOPBACK = "127.0.0.1"
 INSTALL_HINT = "install Debian's package: apt-get update && apt-get install -y chromium"
 # STACK.md's flags for a quiet headless Chromium; Playwright adds --headless, --no-sandbox (off by
 # default for a root user) and a fresh --user-data-dir itself.
@@ -167,7 +167,11 @@ class Browser:
 def open_browser(executable: str | None = None) -> Iterator[Browser]:
     path = chromium_path(executable)
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        try:
+            browser = playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        except PlaywrightError as error:  # not a Chromium (`--chromium /bin/true`), or a broken one
+            raise BrowserMissing(f"{path} did not start as a headless Chromium ({first_line(error)}); pass "
+                                 f"Chromium's path with --chromium, or {INSTALL_HINT}") from None
         try:
             yield Browser(browser.new_context(viewport=VIEWPORT))
         finally:
@@ -194,12 +198,6 @@ def serve_directory(directory: Path) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((LOOPBACK, 0))
-        return probe.getsockname()[1]
 
 
 # ---- the pages ----------------------------------------------------------------------------------
@@ -297,10 +295,9 @@ def capture(study: str, out_dir: Path, tracking_uri: str | None = None, chromium
     data = load_study(study, tracking_uri)  # UsageError for a missing store or study, before anything starts
     executable = chromium_path(chromium)
     out_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()  # chosen now, so that the report's run links point at the UI started below
+    port = ui.free_port()  # chosen now, so that the report's run links point at the UI started below
     # Not logged to the study run: taking pictures of a study must not change it.
-    report = write_report(study, out_dir / "report.html", data.uri, ui_url=f"http://{LOOPBACK}:{port}",
-                          log_artifact=False)
+    report = write_report(data, out_dir / "report.html", ui_url=f"http://{LOOPBACK}:{port}", log_artifact=False)
     log(f"wrote {report}")
     shots = []
     with open_browser(executable) as browser:
@@ -308,7 +305,7 @@ def capture(study: str, out_dir: Path, tracking_uri: str | None = None, chromium
             shots.append(shoot_report(browser, f"{base}/{report.name}", out_dir / "report.png", study))
         log("starting the MLflow UI (10-20 s) ...")
         with ui.serve(data.uri, port=port) as server:
-            urls = ui.study_urls(data.uri, study, server.url)
+            urls = ui.urls_of(data, server.url)
             browser.set_local_storage(MLFLOW_PANEL_CLOSED)
             shots.append(shoot_runs_table(browser, urls.runs, out_dir / "mlflow-runs.png", data))
             best = _best_trial(data)
@@ -327,9 +324,8 @@ def _best_trial(data: StudyData) -> pd.Series | None:
     """The row of the study's best trial by its score; its first trial when none has a score."""
     if data.trials.empty:
         return None
-    ranked = scored(data.trials, data.score)
-    best = data.score.best(ranked[data.score.column]) if not ranked.empty else None
-    return data.trials.loc[best] if best is not None else data.trials.iloc[0]
+    best = top_k(data.trials, data.score, 1)
+    return best.iloc[0] if not best.empty else data.trials.iloc[0]
 
 
 # ---- CLI ----------------------------------------------------------------------------------------

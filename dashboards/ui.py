@@ -29,7 +29,7 @@ from urllib.parse import quote
 import requests
 
 from dashboards.analysis import top_k
-from dashboards.data import UsageError, load_study, open_store
+from dashboards.data import StudyData, UsageError, load_study, open_store
 
 DEFAULT_PORT = 5000
 LOOPBACK = "127.0.0.1"
@@ -70,7 +70,11 @@ class StudyUrls:
 def study_urls(uri: str | None, study: str, base: str = f"http://{LOOPBACK}:{DEFAULT_PORT}", top: int = 5) -> StudyUrls:
     """The UI links of `study` in the store at `uri`, for a UI served at `base`; top trials by the
     study's objective. UsageError (one line) for a missing store or an unknown study."""
-    data = load_study(study, uri)
+    return urls_of(load_study(study, uri), base, top)
+
+
+def urls_of(data: StudyData, base: str, top: int = 5) -> StudyUrls:
+    """`study_urls` of a study already read."""
     run_ids = tuple(top_k(data.trials, data.score, top)["run_id"])
     compare = compare_url(base, data.experiment_id, run_ids) if len(run_ids) >= 2 else None
     return StudyUrls(data.experiment_id, runs_url(base, data.experiment_id), compare, run_ids)
@@ -105,6 +109,13 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A port nobody listens on now, for a server started soon after (screenshots, tests)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 def start(uri: str | None, port: int = DEFAULT_PORT, host: str = LOOPBACK,

@@ -19,7 +19,6 @@ import argparse
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 RUN_STATUS_OF = {"complete": {"FINISHED"}, "pruned": {"KILLED"}, "failed": {"FAILED", "KILLED"}}
 
@@ -47,15 +46,13 @@ def audit_study(study_name: str, tracking_uri: str | None = None, storage: str |
     """Compare the study's Optuna trials with its MLflow trial runs (see the module docstring)."""
     import optuna
 
-    from search.controllers import study_counts
+    from search.controllers import STATE_NAMES, study_counts
     from search.stores import study_storage
     from search.tracking import StudyTracker
 
     study = optuna.load_study(study_name=study_name, storage=study_storage(tracking_uri, storage))
     counts = study_counts(study)
-    state_name = {optuna.trial.TrialState.COMPLETE: "complete", optuna.trial.TrialState.PRUNED: "pruned",
-                  optuna.trial.TrialState.FAIL: "failed", optuna.trial.TrialState.RUNNING: "running"}
-    counted = {t.number: state_name.get(t.state, t.state.name.lower()) for t in study.get_trials(deepcopy=False)
+    counted = {t.number: STATE_NAMES.get(t.state, t.state.name.lower()) for t in study.get_trials(deepcopy=False)
                if "infeasible" not in t.user_attrs}
     frame = StudyTracker(tracking_uri, study_name).trial_runs()
     runs = frame.to_dict("records")
@@ -99,21 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     parser.add_argument("--storage", help="Optuna study storage (default: optuna.db beside a SQLite MLflow store)")
     args = parser.parse_args(argv)
-    import optuna
-
-    from search.stores import study_storage
-    from search.tracking import check_store
+    from search.stores import existing_study
+    from search.tracking import check_store, existing_store
 
     try:
-        storage = study_storage(args.tracking_uri, args.storage)
-        if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).is_file():
-            raise ValueError(f"--storage: no study store at {storage}; pass --tracking-uri/--storage as given "
-                             "to search.run")
-        if args.study not in optuna.get_all_study_names(storage):
-            raise ValueError(f"--study: no study {args.study!r} in {storage}; pass --tracking-uri/--storage "
-                             "as given to search.run")
-        uri = check_store(args.tracking_uri)
-        audit = audit_study(args.study, uri, storage, args.trials)
+        storage = existing_study(args.study, args.tracking_uri, args.storage,
+                                 "pass --tracking-uri/--storage as given to search.run")
+        audit = audit_study(args.study, check_store(existing_store(args.tracking_uri)), storage, args.trials)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

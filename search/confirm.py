@@ -29,17 +29,11 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
+from search.run import PROFILES, UsageError, default_profile, load_profile
 
 SEED_OFFSET = 1000  # confirmation seeds start above the study's, far from any seed a user picks by hand
-PROFILES = Path(__file__).parent / "profiles"
-
-
-class UsageError(ValueError):
-    """A user error found before any training: printed as one line, exit code 2."""
 
 
 @dataclass
@@ -135,9 +129,7 @@ def _probe_spec(result: dict | None, study_tasks: str, data_dir: str | None) -> 
                   "epochs": settings["epochs"], "batch_size": settings["batch_size"], "lr": settings["lr"],
                   "pooling": settings["pooling"]}
         return {"tasks": list(probe["tasks"]), "limits": {**limits, "data_dir": data_dir}}
-    from search.run import default_profile
-
-    profile = yaml.safe_load((PROFILES / f"{default_profile()}.yaml").read_text())
+    profile = load_profile(PROFILES / f"{default_profile()}.yaml")
     return {"tasks": study_tasks.split(","), "limits": {**profile["probe"]["limits"], "data_dir": data_dir}}
 
 
@@ -145,7 +137,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     """Check every input, pick the configurations and prepare the data; raises UsageError (or a
     library's one-line ValueError) before any training."""
     from search.export import RANKINGS
-    from search.tracking import StudyTracker, _sqlite_path, check_store, resolve_uri
+    from search.tracking import StudyTracker, check_store, existing_store
     from trainer.budget import Budget
 
     if args.top < 1:
@@ -153,11 +145,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if args.seeds < 1:
         raise UsageError(f"--seeds: must be at least 1, got {args.seeds}")
     budget = Budget.parse(args.budget) if args.budget else None
-    uri = resolve_uri(args.tracking_uri)
-    database = _sqlite_path(uri)
-    if database is not None and not database.is_file():  # do not create an empty store for a typo
-        raise UsageError(f"--tracking-uri: no MLflow store at {database}; pass the --tracking-uri the search used")
-    uri = check_store(uri)
+    uri = check_store(existing_store(args.tracking_uri))  # written to, but not created for a typo
     tracker = StudyTracker(uri, args.study)
     if tracker.client.get_experiment_by_name(args.study) is None:
         raise UsageError(f"--study: no study {args.study!r} in MLflow at {uri}; "

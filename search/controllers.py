@@ -36,7 +36,7 @@ from space import ArchConfig, OptunaDraws, SearchSpace, mutate
 
 __all__ = [
     "CONTROLLERS", "DEFAULT_STORAGE", "OBJECTIVES", "Controller", "Objective", "Proposal",
-    "RegularizedEvolutionSampler", "ask", "fail_stale_running", "make_sampler", "open_study",
+    "RegularizedEvolutionSampler", "STATE_NAMES", "ask", "fail_stale_running", "make_sampler", "open_study",
     "study_counts", "tell",
 ]
 
@@ -289,7 +289,10 @@ def ask(study: optuna.Study, space: SearchSpace) -> Proposal:
                     attrs.get("generation"), original)
 
 
-_STATES = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED, "failed": TrialState.FAIL}
+# What cramnas calls the trial states it uses (study_counts, search.audit, search.study.reconcile).
+STATE_NAMES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
+               TrialState.RUNNING: "running"}
+_STATES = {name: state for state, name in STATE_NAMES.items() if state.is_finished()}  # the states tell takes
 
 
 def tell(study: optuna.Study, trial_number: int, values: Sequence[float] | None = None,
@@ -324,12 +327,10 @@ def tell(study: optuna.Study, trial_number: int, values: Sequence[float] | None 
 
 def study_counts(study: optuna.Study) -> dict[str, int]:
     """Trials by state; infeasible draws (PRUNED with user attribute `infeasible`) count apart."""
-    counts = dict.fromkeys(("complete", "pruned", "failed", "running", "infeasible"), 0)
-    names = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
-             TrialState.RUNNING: "running"}
-    for trial in study.get_trials(deepcopy=False, states=tuple(names)):
+    counts = dict.fromkeys((*STATE_NAMES.values(), "infeasible"), 0)
+    for trial in study.get_trials(deepcopy=False, states=tuple(STATE_NAMES)):
         infeasible = trial.state == TrialState.PRUNED and "infeasible" in trial.user_attrs
-        counts["infeasible" if infeasible else names[trial.state]] += 1
+        counts["infeasible" if infeasible else STATE_NAMES[trial.state]] += 1
     return counts
 
 

@@ -21,36 +21,34 @@ class ExportError(ValueError):
     pass
 
 
-def best_trial(study, rank_by: str):
-    key, mode = RANKINGS[rank_by]
+def ranked_trials(study, key: str, mode: str) -> list:
+    """The study's complete trials that reported `key`, best first by it (`mode` max or min; a tie:
+    the earlier trial first). Repeats copy an earlier trial's result, so they do not compete."""
     trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
               if "repeat_of" not in t.user_attrs and key in t.user_attrs.get("metrics", {})]
+    sign = -1.0 if mode == "max" else 1.0
+    return sorted(trials, key=lambda t: sign * t.user_attrs["metrics"][key])
+
+
+def best_trial(study, rank_by: str):
+    key, mode = RANKINGS[rank_by]
+    trials = ranked_trials(study, key, mode)
     if not trials:
         raise ExportError(f"study {study.study_name} has no completed trial with {key}; "
                           f"run more trials or choose --rank-by {'mlm' if rank_by == 'probe' else 'probe'}")
-    pick = max if mode == "max" else min
-    return pick(trials, key=lambda t: t.user_attrs["metrics"][key]), key
+    return trials[0], key
 
 
 def export(study_name: str, rank_by: str | None = None, out: str | Path | None = None, tracking_uri: str | None = None,
            storage: str | None = None, force: bool = False) -> Path:
     import optuna
 
-    from search.stores import study_storage
-    from search.tracking import StudyTracker, TrackingError, _sqlite_path, resolve_uri
+    from search.stores import existing_study
+    from search.tracking import StudyTracker, TrackingError, existing_store
     from space.arch import ArchConfig
     from trainer.config import RunConfig, TrainConfig
 
-    storage = study_storage(tracking_uri, storage)
-    fix = "pass the --tracking-uri or --storage the search used"
-    if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):].split("?", 1)[0]).is_file():
-        raise ExportError(f"--study: no study store at {storage} (opening it would create an empty one); {fix}")
-    try:
-        names = optuna.study.get_all_study_names(storage)
-    except Exception as error:  # noqa: BLE001 - SQLAlchemy's errors for a bad URL, driver or file
-        raise ExportError(f"--storage: cannot open {storage} ({str(error).splitlines()[0]}); {fix}") from None
-    if study_name not in names:
-        raise ExportError(f"--study: no study {study_name!r} in {storage}; {fix}")
+    storage = existing_study(study_name, tracking_uri, storage, "pass the --tracking-uri or --storage the search used")
     study = optuna.load_study(study_name=study_name, storage=storage)
     rank_by = rank_by or ("mlm" if study.user_attrs.get("objective") == "mlm" else "probe")
     if rank_by not in RANKINGS:
@@ -59,11 +57,9 @@ def export(study_name: str, rank_by: str | None = None, out: str | Path | None =
     path = Path(out) if out else PROJECT / "trainer" / "configs" / f"{study_name}-best.yaml"
     if not force and not path.resolve().is_relative_to(PROJECT):
         raise ExportError(f"--out: {path} is outside the project {PROJECT}; pass --force to write there")
-    mlflow_db = _sqlite_path(resolve_uri(tracking_uri))
-    if mlflow_db is not None and not mlflow_db.is_file():  # opening it would create an empty store
-        raise ExportError(f"--tracking-uri: no MLflow store at {mlflow_db}; pass the --tracking-uri the search used")
+    uri = existing_store(tracking_uri)
     try:
-        run = StudyTracker(tracking_uri, study_name).find_trial_run(trial.number)
+        run = StudyTracker(uri, study_name).find_trial_run(trial.number)
     except TrackingError as error:  # the study's runs are in another store, or its server is away
         raise ExportError(f"--tracking-uri: {error}; pass the --tracking-uri the search used") from None
     provenance = {
@@ -89,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         path = export(args.study, args.rank_by, args.out, args.tracking_uri, args.storage, args.force)
-    except ExportError as error:
+    except ValueError as error:  # ExportError, and every other cramnas user error
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"wrote {path}\ncram it:  python -m trainer.cram --config {path} --budget 24h")

@@ -25,7 +25,8 @@ SPACES = Path(__file__).resolve().parents[1] / "space" / "spaces"
 
 
 class UsageError(ValueError):
-    """A user error found before any trial: printed as one line, exit code 2."""
+    """A user error found before any trial or training (search.run, search.confirm): printed as one
+    line, exit code 2."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -143,11 +144,12 @@ def check_storage(storage: str) -> str:
     """Open the Optuna storage now: a bad URL fails before the data is prepared, in one line."""
     import optuna
 
+    from search.tracking import first_line
+
     try:
         optuna.storages.get_storage(storage)
     except Exception as error:  # noqa: BLE001 - SQLAlchemy's errors for a bad URL, driver or file
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise UsageError(f"--storage (or $CRAMNAS_STUDY_STORAGE): cannot open {storage} ({reason}); pass an "
+        raise UsageError(f"--storage (or $CRAMNAS_STUDY_STORAGE): cannot open {storage} ({first_line(error)}); pass an "
                          "SQLAlchemy URL such as sqlite:///optuna.db") from None
     return storage
 

@@ -83,7 +83,8 @@ class CramnasSearcher(Searcher):
         spec = {**self.template, "trial_number": proposal.number, "arch": proposal.config.to_dict()}
         if proposal.repeat_of is not None:
             spec["repeat_of"] = proposal.repeat_of
-            spec["recorded"] = self.study.trials[proposal.repeat_of].user_attrs.get("metrics", {})
+            original = self.study.get_trials(deepcopy=False)[proposal.repeat_of]  # not .trials: a deep copy of all
+            spec["recorded"] = original.user_attrs.get("metrics", {})
         return spec
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:

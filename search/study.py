@@ -39,7 +39,8 @@ def reconcile(study, tracker: StudyTracker, train: dict) -> dict[str, int]:
     stale = controllers.fail_stale_running(study)
     recorded = {int(number) for number in tracker.trial_runs()["trial"]}
     rebuilt = 0
-    for trial in study.get_trials(deepcopy=False):
+    trials = study.get_trials(deepcopy=False)  # as they stay below: only MLflow is written
+    for trial in trials:
         if trial.number in recorded or not trial.state.is_finished() or "infeasible" in trial.user_attrs:
             continue
         arch = trial.user_attrs.get("arch", {})
@@ -53,8 +54,8 @@ def reconcile(study, tracker: StudyTracker, train: dict) -> dict[str, int]:
     closed = 0
     for run in tracker.running_trial_runs():
         number = int(run.data.tags[tracker.trial_tag])
-        trial = study.trials[number]
-        state = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed"}[trial.state.name]
+        trial = trials[number]
+        state = controllers.STATE_NAMES[trial.state]
         if state == "complete" and trial.user_attrs.get("repeat_of") is not None:
             state = "repeat"
         # A run the crash cut short is KILLED; one whose trial had ended gets the study's verdict.

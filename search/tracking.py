@@ -67,18 +67,29 @@ def resolve_uri(uri: str | None = None) -> str:
     working directories, where it would silently open a second, empty database.
     """
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-    path = _sqlite_path(uri)
+    path = sqlite_path(uri)
     return f"sqlite:///{path.resolve()}" if path is not None else uri
 
 
-def _sqlite_path(uri: str) -> Path | None:
+def sqlite_path(uri: str) -> Path | None:
     """The database file of a `sqlite:///` URI (query string dropped); None for other stores."""
     if not uri.startswith("sqlite:///"):
         return None
     return Path(uri[len("sqlite:///"):].split("?", 1)[0])
 
 
-def check_store(uri: str | None = None, retry: Retry | None = None) -> str:
+def existing_store(uri: str | None = None) -> str:
+    """The resolved URI of a store that readers (search.confirm, search.export, search.audit) need
+    to exist already: opening a missing SQLite file would create an empty store, so that is a
+    one-line TrackingError instead."""
+    uri = resolve_uri(uri)
+    path = sqlite_path(uri)
+    if path is not None and not path.is_file():
+        raise TrackingError(f"--tracking-uri: no MLflow store at {path}; pass the --tracking-uri the search used")
+    return uri
+
+
+def check_store(uri: str | None = None) -> str:
     """Open (creating if needed) the tracking store and check it can be written; return its URI.
 
     The search calls this before any trial, so that a wrong `--tracking-uri` fails in a second with
@@ -87,7 +98,7 @@ def check_store(uri: str | None = None, retry: Retry | None = None) -> str:
     """
     uri = resolve_uri(uri)
     fix = "pass --tracking-uri (or set MLFLOW_TRACKING_URI) to a writable store"
-    path = _sqlite_path(uri)
+    path = sqlite_path(uri)
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,11 +114,11 @@ def check_store(uri: str | None = None, retry: Retry | None = None) -> str:
         MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
 
     try:
-        (retry or Retry())(f"opening MLflow store {uri}", open_store)
+        Retry()(f"opening MLflow store {uri}", open_store)
     except TrackingError as error:
         raise TrackingError(f"{error}; {fix}") from None
     except Exception as error:  # noqa: BLE001 - a file that is not a database, a bad URI scheme, ...
-        raise TrackingError(f"MLflow store {uri} is not usable: {_first_line(error)}; {fix}") from None
+        raise TrackingError(f"MLflow store {uri} is not usable: {first_line(error)}; {fix}") from None
     return uri
 
 
@@ -154,13 +165,13 @@ class Retry:
             except Exception as error:
                 if not is_transient(error):
                     if isinstance(error, MlflowException):
-                        raise TrackingError(f"{what}: {_first_line(error)}") from error
+                        raise TrackingError(f"{what}: {first_line(error)}") from error
                     raise
                 remaining = start + self.timeout_s - self.clock()
                 if remaining <= 0:
                     raise TrackingUnavailable(
                         f"{what}: still failing after {tries} tries over {self.clock() - start:.0f} s "
-                        f"({_first_line(error)}); check that the tracking store is up and reachable"
+                        f"({first_line(error)}); check that the tracking store is up and reachable"
                     ) from error
                 self.sleep(min(delay, remaining))
                 delay = min(2 * delay, self.max_delay_s)
@@ -209,8 +220,8 @@ class PendingWrites:
             except TrackingUnavailable as error:
                 if self.held_since is None:
                     self.held_since = self.checked = self.clock()
-                    self.say(f"MLflow unreachable: holding its records and carrying on ({_first_line(error)})")
-                self.error = _first_line(error)
+                    self.say(f"MLflow unreachable: holding its records and carrying on ({first_line(error)})")
+                self.error = first_line(error)
                 return False
             except Exception:
                 self.queue.popleft()  # a permanent error is a bug, not an outage: never replay it
@@ -231,7 +242,7 @@ class PendingWrites:
             self.sleep(min(self.every_s, max(deadline - self.clock(), 0.0)))
 
 
-def _first_line(error: BaseException, limit: int = 300) -> str:
+def first_line(error: BaseException, limit: int = 300) -> str:
     """One line of an error: MLflow's messages can carry SQL statements or a response body."""
     lines = str(error).strip().splitlines()
     text = lines[0] if lines else type(error).__name__
@@ -299,7 +310,7 @@ class StudyTracker:
         self.study_name = study_name
         # MLflow puts a SQLite store's artifacts under the *working directory's* ./mlruns; keep them
         # beside the database instead, so that a study is one folder wherever the driver ran.
-        sqlite = _sqlite_path(self.uri)
+        sqlite = sqlite_path(self.uri)
         if artifact_root is None and sqlite is not None:
             artifact_root = str(sqlite.parent / "mlruns")
         self.artifact_root = artifact_root

@@ -6,12 +6,12 @@ import contextlib
 import sys
 import time
 
-from optuna.trial import TrialState
 from ray.tune import Callback
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from search.export import ranked_trials
 from search.searcher import Outcome
 
 
@@ -96,10 +96,7 @@ class StudyView:
 
     def final_table(self, top: int = 5) -> None:
         key = self.plan.objective.metrics[0]
-        sign = 1.0 if self.plan.objective.directions[0] == "maximize" else -1.0
-        trials = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                  if "repeat_of" not in t.user_attrs and key in t.user_attrs.get("metrics", {})]
-        trials.sort(key=lambda t: -sign * t.user_attrs["metrics"][key])
+        trials = ranked_trials(self.study, key, "max" if self.plan.objective.directions[0] == "maximize" else "min")
         table = Table(title=f"top {min(top, len(trials))} of study {self.plan.study} by {key}")
         columns = ["trial", key, "val MLM", "tokens/s", "params", "architecture", "MLflow run"]
         if key == "validation_loss":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -33,6 +34,19 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # Fraction of tokens whose vocabulary logits are computed under sparse prediction: Cramming's MLM
 # masking rate. Only used to count decoder FLOPs; the trainer's own rate is a training setting.
 DEFAULT_MLM_RATE = 0.25
+
+# Exponent notation that PyYAML (YAML 1.1) leaves as text: its floats need a dot and a signed exponent.
+_TEXT_EXPONENT = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))[eE]([+-]?)(\d+)")
+
+
+def yaml_number_hint(value: Any) -> str:
+    """For a number PyYAML read as text (`1e-12`, `5e4`), how to write it so it is one; else ""."""
+    match = _TEXT_EXPONENT.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        return ""
+    mantissa, sign, exponent = match.groups()
+    fixed = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{sign or '+'}{exponent}"
+    return f" (YAML reads {value.strip()} as text: write {fixed})"
 
 
 class ArchError(ValueError):
@@ -78,7 +92,7 @@ class ArchConfig:
                 raise ArchError(f"{f.name}: expected an integer, got {value!r}")
             if f.type == "float":
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise ArchError(f"{f.name}: expected a number, got {value!r}")
+                    raise ArchError(f"{f.name}: expected a number, got {value!r}{yaml_number_hint(value)}")
                 object.__setattr__(self, f.name, float(value))
             if f.type == "str" and value not in CHOICES[f.name]:
                 raise ArchError(f"{f.name}: {value!r} is not one of {', '.join(CHOICES[f.name])}")
@@ -155,12 +169,13 @@ class ArchConfig:
 
     def derived(self) -> dict[str, float]:
         """Quantities a search-space constraint may name besides the fields themselves."""
+        flops = self.flops_per_token()
         return {
             "params_millions": self.num_params() / 1e6,
             "head_dim": self.head_dim,
             "ffn_inner": self.ffn_inner,
-            "flops_per_token": self.flops_per_token(),
-            "gflops_per_token": self.flops_per_token() / 1e9,
+            "flops_per_token": flops,
+            "gflops_per_token": flops / 1e9,
         }
 
     # ---- serialisation -----------------------------------------------------------------------

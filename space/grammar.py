@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from space.arch import CHOICES, FIELD_TYPES, ArchConfig, ArchError
+from space.arch import CHOICES, FIELD_TYPES, ArchConfig, ArchError, yaml_number_hint
 from space.draw import format_list, format_value
 from space.expr import ALLOWED, Expr, ExprError
 
@@ -334,9 +334,8 @@ class _Parser:
                 raise self.fail(key, f"{value!r} is not an integer", f"{field} takes integers")
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            looks_numeric = isinstance(value, str) and _is_number(value)
-            hint = " (YAML reads 1e-12 as text: write 1.0e-12)" if looks_numeric else ""
-            raise self.fail(key, f"{value!r} is not a finite number", f"{field} takes numbers{hint}")
+            raise self.fail(key, f"{value!r} is not a finite number",
+                            f"{field} takes numbers{yaml_number_hint(value)}")
         return float(value)
 
     def expression(self, source: Any, key: str) -> Expr:
@@ -357,14 +356,6 @@ def _enumerable(param: Param) -> list[Any] | None:
         return list(param.options)
     grid = range(param.low, param.high + 1, param.step)  # int ranges hold ints
     return list(grid) if len(grid) <= MAX_FILTER_COMBINATIONS else None
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _kind_of(value: Any) -> str:

@@ -5,13 +5,19 @@
 study in the Optuna store beside the MLflow database (`search.stores.study_storage`), so that
 parameter importance runs on it. The scores are a known function of the architecture, so tests
 can assert what the dashboards must find: `position` matters most, `norm_placement` a little,
-everything else not at all. `write_confirmations` adds the runs `search.confirm` would write.
+everything else not at all. `write_confirmations` adds the runs `search.confirm` would write; `scratch_store` gives a store to
+write them to.
 """
 
 from __future__ import annotations
 
 import random
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -61,6 +67,17 @@ class SyntheticStudy:
 
     def by_state(self, *states: str) -> list[Trial]:
         return [t for t in self.trials if t.state in states]
+
+
+@contextmanager
+def scratch_store(prefix: str) -> Iterator[str]:
+    """The URI of a new SQLite MLflow store in a temporary directory, on tmpfs where there is one
+    (SQLite commits dominate the time to write a study), removed on leaving the block."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    try:
+        yield f"sqlite:///{root}/mlflow.db"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def score(arch: dict[str, Any], noise: float) -> float:

@@ -1,19 +1,22 @@
-"""Helpers for tests that run real (tiny) studies: `search.run` arguments, the two-store check, and
-killing a driver with everything it started."""
+"""Helpers for tests that run real (tiny) studies: `search.run` arguments, the two-store check,
+waiting on a driver's progress, and killing a driver with everything it started."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from search.tracking import trial_runs
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "tests" / "search_files" / "tiny_profile.yaml"
 
 
@@ -58,3 +61,21 @@ def kill_session(proc: subprocess.Popen) -> None:
                     os.kill(int(entry.name), signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def trials_in(tmp_path: Path, study_name: str, state: TrialState) -> list[int]:
+    """The numbers of the study's trials in `state` now, as a driver writing `tmp_path`/optuna.db
+    left them ([] before it created the study)."""
+    try:
+        study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{tmp_path}/optuna.db")
+    except KeyError:  # not created yet
+        return []
+    return [t.number for t in study.get_trials(deepcopy=False, states=(state,))]
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.5)

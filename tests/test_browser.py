@@ -8,16 +8,12 @@ pictures; the tests assert what each page showed. Chromium is Debian's `chromium
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
-from dashboard_study import write_study
 from PIL import Image
 
 from dashboards import report, screenshots
 from dashboards.data import load_study
+from tests.dashboard_study import scratch_store, write_study
 
 STUDY = "browser-study"
 PAGES = {"report": "report.png", "runs table": "mlflow-runs.png", "run page": "mlflow-run.png",
@@ -38,10 +34,8 @@ def chromium() -> str:
 @pytest.fixture(scope="module")
 def study():
     # 14 evolution trials: the last ones have parents (a lineage to draw); one failed, one pruned, one repeat.
-    root = Path(tempfile.mkdtemp(prefix="cramnas-browser-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
-    written = write_study(f"sqlite:///{root}/mlflow.db", STUDY, 14, failed=(3,), pruned=(5,), repeats=(7,), seed=3)
-    yield written
-    shutil.rmtree(root, ignore_errors=True)
+    with scratch_store("cramnas-browser-") as uri:
+        yield write_study(uri, STUDY, 14, failed=(3,), pruned=(5,), repeats=(7,), seed=3)
 
 
 @pytest.fixture(scope="module")

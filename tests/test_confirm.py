@@ -8,7 +8,6 @@ really cram those tiny architectures on the Wikipedia slice, for 3e3 tokens each
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import mlflow
 import pytest
@@ -17,12 +16,11 @@ from glue.finetune import FinetuneSettings
 from search.confirm import main
 from search.tracking import StudyTracker
 from space.arch import ArchConfig
-from tests.conftest import requires_shared_data
+from tests.conftest import ROOT, requires_shared_data
 from trainer.config import load_run_config
 
 pytestmark = requires_shared_data
 
-ROOT = Path(__file__).resolve().parents[1]
 TRAIN = {**load_run_config(ROOT / "trainer" / "configs" / "crammed-bert-cpu.yaml").train.to_dict(),
          "micro_batch": 8, "batch_size": 16, "seed": 7}
 SEEDS = [7 + 1001, 7 + 1002]  # train.seed + 1000 + k
@@ -64,18 +62,13 @@ def confirmation_runs(uri: str, name: str) -> list:
     return client.search_runs([experiment.experiment_id], "tags.`cramnas.kind` = 'confirmation'")
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("confirm-cache")  # the slice is tokenized once for every test here
-
-
 @pytest.fixture
-def confirm(wiki_slice_dir, cache_dir, tmp_path):
+def confirm(wiki_slice_dir, slice_cache, tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
 
     def run(study: str, *extra: str) -> int:
         return main(["--study", study, "--tracking-uri", uri, "--data", str(wiki_slice_dir),
-                     "--cache-dir", str(cache_dir), "--budget", BUDGET, *extra])
+                     "--cache-dir", str(slice_cache), "--budget", BUDGET, *extra])
 
     run.uri = uri
     return run
@@ -185,7 +178,7 @@ def test_probe_study_is_ranked_and_confirmed_by_its_probe_score(confirm):
     assert -1 <= metrics["glue.stsb.spearman"] <= 1
 
 
-def test_plan_reads_back_what_the_study_recorded(wiki_slice_dir, cache_dir, tmp_path):
+def test_plan_reads_back_what_the_study_recorded(wiki_slice_dir, slice_cache, tmp_path):
     """Without arch.yaml (a run rebuilt on resume) the architecture and training settings come back
     from the run's params, typed; the budget defaults to the study's."""
     from search.confirm import make_plan, parse_args
@@ -195,7 +188,7 @@ def test_plan_reads_back_what_the_study_recorded(wiki_slice_dir, cache_dir, tmp_
     write_study(uri, "r", [(tiny_arch(), "complete", {"validation_loss": 7.0}),
                            (rotary, "complete", {"validation_loss": 6.0})], artifacts=False)
     plan = make_plan(parse_args(["--study", "r", "--tracking-uri", uri, "--data", str(wiki_slice_dir),
-                                 "--cache-dir", str(cache_dir), "--top", "5"]))
+                                 "--cache-dir", str(slice_cache), "--top", "5"]))
     assert plan.budget.text == "2e4tokens" and plan.seeds == [1008, 1009, 1010]
     assert [(c.rank, c.trial) for c in plan.configs] == [(1, 1), (2, 0)]
     assert plan.configs[0].arch == rotary and ArchConfig.from_dict(plan.configs[0].arch).fingerprint()

@@ -9,18 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import socket
-import tempfile
 import time
-from pathlib import Path
 from urllib.parse import unquote
 
 import numpy as np
 import pandas as pd
 import pytest
 import requests
-from dashboard_study import CHOICES, write_confirmations, write_study
 from mlflow import MlflowClient
 from scipy import stats
 
@@ -30,15 +25,16 @@ from dashboards.data import load_study
 from dashboards.importance import param_importance
 from dashboards.page import num
 from search.stores import study_storage
+from tests.conftest import free_port
+from tests.dashboard_study import CHOICES, scratch_store, write_confirmations, write_study
 
 SECTION_HEADINGS = [title for _, title, _, _ in report.SECTIONS]
 
 
 @pytest.fixture(scope="module")
 def store():
-    root = Path(tempfile.mkdtemp(prefix="cramnas-dashboards-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
-    yield f"sqlite:///{root}/mlflow.db"
-    shutil.rmtree(root, ignore_errors=True)
+    with scratch_store("cramnas-dashboards-") as uri:
+        yield uri
 
 
 @pytest.fixture(scope="module")
@@ -235,8 +231,8 @@ def test_report_confirmation_section(small, tmp_path):
     page = report.write_report("small", tmp_path / "small.html", small.uri, log_artifact=False).read_text()
     assert "the lead is within noise" in page
     assert "confirmation budget (120s) differs from the search budget (60s)" in page
-    corr = analysis.rank_correlation(analysis.confirmation_ranking(
-        load_study("small", small.uri).confirmations, load_study("small", small.uri).trials, PROBE_SCORE))
+    data = load_study("small", small.uri)
+    corr = analysis.rank_correlation(analysis.confirmation_ranking(data.confirmations, data.trials, PROBE_SCORE))
     assert f"Spearman ρ = {num(corr.spearman, 3)}" in page
 
 
@@ -253,12 +249,6 @@ def test_ui_urls_point_at_the_study(small):
     assert json.loads(fields["runs"]) == list(urls.top_run_ids)
     assert json.loads(fields["experiments"]) == [urls.experiment_id]
     assert fields["workflowType"] == "machine_learning"  # else MLflow 3 opens its GenAI view
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_ui_server_serves_the_study_and_stops(small):

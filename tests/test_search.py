@@ -9,7 +9,6 @@ tests/reliability/'s.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,22 +19,23 @@ import yaml
 from optuna.trial import TrialState
 
 from search.run import main
-from tests.conftest import requires_shared_data
+from tests.conftest import cli_env, free_port, requires_shared_data
 from tests.studies import PROFILE, ROOT, check_stores_agree, study_args
 
 pytestmark = requires_shared_data
 
 
-@pytest.fixture(autouse=True)
-def loopback_ray(monkeypatch):
-    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+@pytest.fixture
+def args(wiki_slice_dir, slice_cache, tmp_path):
+    """`search.run` arguments for a study of the tiny profile on the slice, its stores in `tmp_path`;
+    it reads the slice from the shared token cache rather than preparing it again."""
+    return lambda name, *extra: study_args(tmp_path, wiki_slice_dir, name, *extra, cache_dir=slice_cache)
 
 
 @pytest.mark.parametrize("controller", ["tpe", "random", "nsga2", "cmaes", "gp", "evolution"])
-def test_each_controller_runs_a_study_end_to_end(controller, wiki_slice_dir, tmp_path):
+def test_each_controller_runs_a_study_end_to_end(controller, args, tmp_path):
     name = f"e2e-{controller}"
-    code = main(study_args(tmp_path, wiki_slice_dir, name, "--trials", "5", "--controller", controller,
-                           "--objective", "mlm", "--no-probe", "--no-early-stop"))
+    code = main(args(name, "--trials", "5", "--controller", controller, "--objective", "mlm", "--no-probe", "--no-early-stop"))
     assert code == 0
     study, runs = check_stores_agree(tmp_path, name, 5)
     completed = [t for t in study.trials if t.state == TrialState.COMPLETE]
@@ -46,13 +46,13 @@ def test_each_controller_runs_a_study_end_to_end(controller, wiki_slice_dir, tmp
         assert run["tags.cramnas.controller"] == controller
 
 
-def test_evolution_records_lineage_in_mlflow(wiki_slice_dir, tmp_path, monkeypatch):
+def test_evolution_records_lineage_in_mlflow(args, tmp_path, monkeypatch):
     from search import controllers
 
     small = lambda space, seed: controllers.RegularizedEvolutionSampler(space, 3, 2, seed)
     monkeypatch.setitem(controllers.CONTROLLERS, "evolution", controllers.Controller(small, False))
-    code = main(study_args(tmp_path, wiki_slice_dir, "lineage", "--trials", "7", "--controller", "evolution",
-                           "--objective", "mlm", "--no-probe", "--no-early-stop"))
+    code = main(args("lineage", "--trials", "7", "--controller", "evolution",
+                     "--objective", "mlm", "--no-probe", "--no-early-stop"))
     assert code == 0
     _, runs = check_stores_agree(tmp_path, "lineage", 7)
     run_of = {int(r["trial"]): r["run_id"] for r in runs}
@@ -65,14 +65,14 @@ def test_evolution_records_lineage_in_mlflow(wiki_slice_dir, tmp_path, monkeypat
         assert int(child["tags.cramnas.generation"]) >= 1
 
 
-def test_repeated_architecture_is_not_trained_again(wiki_slice_dir, tmp_path):
+def test_repeated_architecture_is_not_trained_again(args, tmp_path):
     space = yaml.safe_load((PROFILE.parent / "tiny_space.yaml").read_text())
     space["params"] = {"qkv_bias": {"choice": [False]}}  # a space of one point: every later trial repeats it
     space["fixed"].update(layers=1, hidden=32, heads=2)
     space_file = tmp_path / "one_point.yaml"
     space_file.write_text(yaml.safe_dump(space))
-    code = main(study_args(tmp_path, wiki_slice_dir, "repeats", "--trials", "3", "--controller", "random",
-                           "--space", str(space_file), "--objective", "mlm", "--no-probe", "--max-concurrent", "1"))
+    code = main(args("repeats", "--trials", "3", "--controller", "random",
+                     "--space", str(space_file), "--objective", "mlm", "--no-probe", "--max-concurrent", "1"))
     assert code == 0
     study, runs = check_stores_agree(tmp_path, "repeats", 3)
     by_trial = {int(r["trial"]): r for r in runs}
@@ -82,12 +82,12 @@ def test_repeated_architecture_is_not_trained_again(wiki_slice_dir, tmp_path):
     assert by_trial[1]["tags.cramnas.repeat_of"] == "0"
 
 
-def test_export_round_trips_into_trainer_cram(wiki_slice_dir, tmp_path):
+def test_export_round_trips_into_trainer_cram(args, wiki_slice_dir, slice_cache, tmp_path):
     from search.export import main as export_main
     from trainer.cram import main as cram_main
 
-    assert main(study_args(tmp_path, wiki_slice_dir, "export", "--trials", "3", "--controller", "random",
-                           "--objective", "mlm", "--no-probe", "--no-early-stop")) == 0
+    assert main(args("export", "--trials", "3", "--controller", "random", "--objective", "mlm", "--no-probe",
+                     "--no-early-stop")) == 0
     out = ROOT / "trainer" / "configs" / "test-export-best.yaml"
     try:
         assert export_main(["--study", "export", "--rank-by", "mlm", "--out", str(out),
@@ -98,7 +98,7 @@ def test_export_round_trips_into_trainer_cram(wiki_slice_dir, tmp_path):
         assert exported["arch"] == best.user_attrs["arch"]
         assert exported["provenance"]["trial"] == best.number and exported["provenance"]["study"] == "export"
         assert cram_main(["--config", str(out), "--budget", "3e3tokens", "--data", str(wiki_slice_dir),
-                          "--out", str(tmp_path / "final"), "--cache-dir", str(tmp_path / "cache")]) == 0
+                          "--out", str(tmp_path / "final"), "--cache-dir", str(slice_cache)]) == 0
         assert (tmp_path / "final" / "model.safetensors").is_file()
     finally:
         out.unlink(missing_ok=True)
@@ -113,40 +113,33 @@ def test_export_round_trips_into_trainer_cram(wiki_slice_dir, tmp_path):
     (["--no-probe"], "--no-probe"),
     (["--max-concurrent", "0"], "--max-concurrent"),
 ])
-def test_bad_input_fails_in_one_line_before_any_trial(extra, expected, wiki_slice_dir, tmp_path, capsys):
-    args = study_args(tmp_path, wiki_slice_dir, "bad", *extra)
+def test_bad_input_fails_in_one_line_before_any_trial(extra, expected, args, tmp_path, capsys):
+    argv = args("bad", *extra)
     if "--resume" in extra:
-        args = [a for a in args if a not in ("--study", "bad")]
-    assert main(args) == 2
+        argv = [a for a in argv if a not in ("--study", "bad")]
+    assert main(argv) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(err) == 1 and expected in err[0], err
 
 
-def test_resume_of_unknown_study_and_existing_study_without_resume(wiki_slice_dir, tmp_path, capsys):
-    assert main(study_args(tmp_path, wiki_slice_dir, "nobody", "--resume")) == 2
+def test_resume_of_unknown_study_and_existing_study_without_resume(args, tmp_path, capsys):
+    assert main(args("nobody", "--resume")) == 2
     assert "not found" in capsys.readouterr().err
-    assert main(study_args(tmp_path, wiki_slice_dir, "once", "--trials", "1", "--objective", "mlm",
-                           "--no-probe")) == 0
-    assert main(study_args(tmp_path, wiki_slice_dir, "once", "--trials", "1", "--objective", "mlm",
-                           "--no-probe")) == 2
+    assert main(args("once", "--trials", "1", "--objective", "mlm", "--no-probe")) == 0
+    assert main(args("once", "--trials", "1", "--objective", "mlm", "--no-probe")) == 2
     assert "--resume" in capsys.readouterr().err
 
 
-def test_study_joins_an_existing_ray_cluster(wiki_slice_dir, tmp_path):
+def test_study_joins_an_existing_ray_cluster(args, tmp_path):
     """`--address` joins a running head (on loopback here) instead of starting Ray; stopped by its PID."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     ray_bin = Path(sys.executable).with_name("ray")
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
     head = subprocess.Popen([str(ray_bin), "start", "--head", "--port", str(port), "--num-cpus", "2",
-                             "--include-dashboard=false", "--disable-usage-stats", "--block"], env=env,
+                             "--include-dashboard=false", "--disable-usage-stats", "--block"], env=cli_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        code = main(study_args(tmp_path, wiki_slice_dir, "cluster", "--trials", "2", "--controller", "random",
-                               "--objective", "mlm", "--no-probe", "--address", f"127.0.0.1:{port}"))
+        code = main(args("cluster", "--trials", "2", "--controller", "random",
+                         "--objective", "mlm", "--no-probe", "--address", f"127.0.0.1:{port}"))
         assert code == 0
         check_stores_agree(tmp_path, "cluster", 2)
     finally:

@@ -27,6 +27,7 @@ from search.tracking import (
     trial_runs,
 )
 from space.arch import ArchConfig
+from tests.conftest import FakeTime
 from trainer.config import TrainConfig
 
 ARCH = ArchConfig(layers=2, hidden=128, heads=2, vocab_size=2048, max_seq_len=64).to_dict()
@@ -226,18 +227,6 @@ def test_store_check(uri, tmp_path, monkeypatch):
     assert resolve_uri() == f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///runs/x.db")
     assert resolve_uri() == f"sqlite:///{tmp_path}/runs/x.db"
-
-
-class FakeTime:
-    def __init__(self) -> None:
-        self.now, self.sleeps = 0.0, []
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 def flaky(failures: int, error: Exception):

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from space.arch import ArchConfig, ArchError
+from space.arch import ArchConfig, ArchError, yaml_number_hint
 
 
 class ConfigError(ValueError):
@@ -56,6 +55,11 @@ class TrainConfig:
             raise ConfigError(f"train.dropout: must be in [0, 1), got {self.dropout}")
         if not 0 < self.lr_peak_at < 1 or not 0 <= self.lr_base <= 1:
             raise ConfigError("train.lr_peak_at must be in (0, 1) and train.lr_base in [0, 1]")
+        # Checked here because AdamW and numpy's seeding would refuse them only once training starts.
+        if not all(0 <= beta < 1 for beta in self.betas):
+            raise ConfigError(f"train.betas: each must be in [0, 1), got {list(self.betas)}")
+        if self.seed < 0:
+            raise ConfigError(f"train.seed: must not be negative, got {self.seed}")
 
     def _check_types(self) -> None:
         """Each setting has its default's type, so that a wrong one is named rather than failing
@@ -72,7 +76,7 @@ class TrainConfig:
                 ok = isinstance(value, (list, tuple)) and len(value) == 2 and all(map(_is_finite_number, value))
                 expected = "two numbers, e.g. [0.9, 0.98]"
             if not ok:
-                hint = " (YAML reads 1e-3 as text: write 1.0e-3 or 0.001)" if _looks_numeric(value) else ""
+                hint = yaml_number_hint(value) if isinstance(default, float) else ""  # its fix writes a float
                 raise ConfigError(f"train.{spec.name}: expected {expected}, got {value!r}{hint}")
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,11 +98,6 @@ class TrainConfig:
 
 def _is_finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _looks_numeric(value: Any) -> bool:
-    """A number in exponent notation that YAML 1.1 (PyYAML) leaves as text: `1e-3`, `5e4`."""
-    return isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value.strip()) is not None
 
 
 @dataclass(frozen=True)

@@ -9,23 +9,27 @@ to `tune.report`), the result is a `CramResult`, the checkpoint a directory:
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
 import math
 import os
 import platform
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from space.arch import ArchConfig
-from trainer.budget import Budget, micro_batches_per_step, triangle_lr
-from trainer.checkpoint import CheckpointWriteError, save_checkpoint
-from trainer.config import TrainConfig
-from trainer.data import PretrainData, mask_tokens
+from trainer.budget import Budget, BudgetError, micro_batches_per_step, triangle_lr
+from trainer.checkpoint import CheckpointWriteError, check_writable, save_checkpoint
+from trainer.config import ConfigError, TrainConfig, load_run_config
+from trainer.data import IGNORE_INDEX, CorpusSource, DataError, PretrainData, mask_tokens, prepare_data
 from trainer.model import CrammedBert
 
 
@@ -129,7 +133,7 @@ def validation_loss(model: CrammedBert, data: PretrainData, device: torch.device
                                   vocab_size=data.vocab_size, generator=generator)
         with autocast(device):
             _, loss = model(ids.to(device), labels=labels.to(device))
-        n = int((labels != -100).sum())
+        n = int((labels != IGNORE_INDEX).sum())
         total, count = total + float(loss) * n, count + n
     model.train()
     return total / max(count, 1)
@@ -298,17 +302,6 @@ def cram_with_model(arch: ArchConfig, train: TrainConfig, data: PretrainData, bu
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import contextlib
-    import sys
-
-    from tqdm.auto import tqdm
-
-    from trainer.budget import BudgetError
-    from trainer.checkpoint import check_writable
-    from trainer.config import ConfigError, load_run_config
-    from trainer.data import CorpusSource, DataError, prepare_data
-
     parser = argparse.ArgumentParser(prog="python -m trainer.cram", description="Cram one architecture under a budget.")
     parser.add_argument("--config", required=True, help="run config YAML, e.g. trainer/configs/crammed-bert-cpu.yaml")
     parser.add_argument("--budget", default="24h", help="60s, 5m, 24h (wall-clock), 2e7tokens or 1e15flops")

@@ -383,7 +383,8 @@ def _load_tokenizer_file(path: Path, vocab_size: int) -> Tokenizer:
         raise DataError(
             f"cannot read tokenizer file {path} ({error}); give a tokenizers JSON file"
         ) from error
-    missing = [token for name, token in SPECIAL_TOKENS.items() if special_ids(tokenizer)[name] is None]
+    ids = special_ids(tokenizer)
+    missing = [token for name, token in SPECIAL_TOKENS.items() if ids[name] is None]
     if missing:
         raise DataError(
             f"tokenizer file {path} lacks {' '.join(missing)}; "

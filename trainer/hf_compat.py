@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from space.arch import ArchConfig
+from trainer.model import CrammedBert
 
 # The ArchConfig settings that make CrammedBert the original BERT; shape fields come from the caller.
 ORIGINAL_BERT = dict(
@@ -60,10 +61,8 @@ def convert_hf_bert_state_dict(hf: dict[str, torch.Tensor], layers: int) -> dict
     return out
 
 
-def from_hf_bert(hf_model) -> CrammedBert:  # noqa: F821 (import below avoids a cycle at import time)
+def from_hf_bert(hf_model) -> CrammedBert:
     """A CrammedBert with the weights of a `transformers.BertForMaskedLM`."""
-    from trainer.model import CrammedBert
-
     arch = arch_from_hf_config(hf_model.config)
     model = CrammedBert(arch)
     model.load_state_dict(convert_hf_bert_state_dict(hf_model.state_dict(), arch.layers), strict=True)

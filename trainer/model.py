@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from space.arch import ArchConfig
+from space.arch import DEFAULT_MLM_RATE, ArchConfig
 
 # ---------------------------------------------------------------------------------------------
 # Norms
@@ -374,5 +374,5 @@ class CrammedBert(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # shared (tied) tensors counted once
 
-    def flops_per_token(self, seq_len: int | None = None, mlm_rate: float = 0.25) -> float:
+    def flops_per_token(self, seq_len: int | None = None, mlm_rate: float = DEFAULT_MLM_RATE) -> float:
         return self.arch.flops_per_token(seq_len, mlm_rate)

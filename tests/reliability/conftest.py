@@ -1,11 +1,10 @@
-"""Fixtures of the fault-injection suite: Ray kept on loopback, the data slice prepared once for
-every study, and an MLflow tracking server that a test can stop and start again on the same port."""
+"""Fixtures of the fault-injection suite: an MLflow tracking server that a test can stop and start
+again on the same port. (Ray on loopback, the data slice and its token cache: tests/conftest.py.)"""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,30 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import SLICE_SEQ, SLICE_VOCAB
-
-
-@pytest.fixture(autouse=True)
-def loopback_ray(monkeypatch):
-    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
-
-@pytest.fixture(scope="session")
-def slice_cache(wiki_slice_dir, tmp_path_factory) -> Path:
-    """A token cache holding the Wikipedia slice as the tiny space wants it (vocab 2048, sequences
-    of 64): every study and CLI run of the suite reads it instead of preparing the slice again."""
-    from trainer.data import CorpusSource, prepare_data
-
-    cache = tmp_path_factory.mktemp("slice-cache")
-    prepare_data(CorpusSource.from_args(data_dir=str(wiki_slice_dir)), vocab_size=SLICE_VOCAB, seq_len=SLICE_SEQ,
-                 cache_dir=cache)
-    return cache
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from tests.conftest import free_port
 
 
 class TrackingServer:

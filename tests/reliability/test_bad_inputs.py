@@ -16,7 +16,6 @@ hub offline) and tests/test_glue.py (unknown or absent GLUE tasks, wrong columns
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import subprocess
 import sys
@@ -28,6 +27,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+
+from tests.conftest import cli_env, tiny_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_SPACE = REPO / "tests" / "search_files" / "tiny_space.yaml"
@@ -74,7 +75,7 @@ class Inputs:
         return self.file("run.yaml", yaml.safe_dump(config))
 
     def checkpoint(self, arch_yaml: dict | None = None, tokenizer_extra: int = 0) -> str:
-        """A real checkpoint of a tiny model (tests/reliability: `tiny_checkpoint`), then edited:
+        """A real checkpoint of a tiny model (the `tiny_checkpoints` fixture), then edited:
         `arch_yaml` rewrites arch.yaml's fields; `tokenizer_extra` > 0 makes the model's vocabulary
         larger than its tokenizer's."""
         source = self.request.getfixturevalue("tiny_checkpoints")[tokenizer_extra]
@@ -190,6 +191,10 @@ CASES = {
                                               ("run.yaml: train.lr", "got '1e-3'", "write 1.0e-3")),
     "cram: betas a single number": Case("trainer.cram", lambda i: ["--config", i.config(train={"betas": 0.9})],
                                         ("train.betas", "two numbers", "[0.9, 0.98]")),
+    "cram: betas outside [0, 1)": Case("trainer.cram", lambda i: ["--config", i.config(train={"betas": [0.9, 1.5]})],
+                                       ("run.yaml: train.betas", "[0, 1)", "1.5")),
+    "cram: --seed -1": Case("trainer.cram", lambda i: ["--config", i.config(), "--seed=-1"],
+                            ("train.seed", "must not be negative", "-1")),
     "cram: train a list": Case("trainer.cram", lambda i: ["--config", i.config(top={"train": [1, 2]})],
                                ("run.yaml: train", "expected a mapping", "trainer/configs/")),
     "cram: vocab_size below the corpus alphabet": Case(
@@ -231,44 +236,23 @@ CASES = {
                                     "--tracking-uri", f"sqlite:///{i.dir / 'elsewhere' / 'mlflow.db'}",
                                     "--out", str(i.root / "best.yaml"), "--force"],
         ("--tracking-uri", "no MLflow store", "elsewhere/mlflow.db", "the search used")),
+    # ---- python -m search.confirm -----------------------------------------------------------------
+    "confirm: --top 0": Case("search.confirm", lambda i: ["--study", "s", "--top", "0"], ("--top", "at least 1")),
+    "confirm: no MLflow store": Case("search.confirm", lambda i: ["--study", "s"],
+                                     ("--tracking-uri", "no MLflow store", "mlflow.db")),
 }
-if (REPO / "search" / "confirm.py").is_file():
-    CASES |= {
-        "confirm: --top 0": Case("search.confirm", lambda i: ["--study", "s", "--top", "0"], ("--top", "at least 1")),
-        "confirm: no MLflow store": Case("search.confirm", lambda i: ["--study", "s"],
-                                         ("--tracking-uri", "no MLflow store", "mlflow.db")),
-    }
 
 
 @pytest.fixture(scope="module")
 def tiny_checkpoints(tmp_path_factory) -> dict[int, Path]:
-    """Checkpoints written by trainer.checkpoint.save_checkpoint of a 1-layer model: {0: consistent,
-    8: arch.yaml and weights with 8 more tokens than tokenizer.json}."""
-    from space.arch import ArchConfig
-    from trainer.checkpoint import save_checkpoint
-    from trainer.config import TrainConfig
-    from trainer.model import CrammedBert
-    from trainer.tokenizer import train_wordpiece
-
-    root = tmp_path_factory.mktemp("checkpoints")
-    tokenizer = train_wordpiece([TEXT] * 20, vocab_size=96, normalization="cramming")
-    tokenizer.save(str(root / "tokenizer.json"))
-    checkpoints = {}
-    for extra in (0, 8):
-        arch = ArchConfig(layers=1, hidden=32, heads=2, vocab_size=tokenizer.get_vocab_size() + extra, max_seq_len=64)
-        checkpoints[extra] = save_checkpoint(root / f"extra{extra}", CrammedBert(arch), arch, TrainConfig(),
-                                             root / "tokenizer.json", {})
-    return checkpoints
+    """{0: a consistent checkpoint of a 1-layer model, 8: one whose arch.yaml and weights have 8 more
+    tokens than its tokenizer.json} (tests/conftest.py's `tiny_checkpoint`)."""
+    return {extra: tiny_checkpoint(tmp_path_factory.mktemp(f"extra{extra}"), extra) for extra in (0, 8)}
 
 
 @pytest.fixture(scope="module")
-def cli_env(tmp_path_factory) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items()
-           if key not in ("MLFLOW_TRACKING_URI", "CRAMNAS_STUDY_STORAGE", "CRAMNAS_INJECT_FAULT")}
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-               RAY_AUTH_MODE="disabled", CRAMNAS_CACHE=str(tmp_path_factory.mktemp("cache")),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    return env
+def command_env(tmp_path_factory) -> dict[str, str]:
+    return cli_env(CRAMNAS_CACHE=str(tmp_path_factory.mktemp("cache")))
 
 
 def store_counts(directory: Path) -> dict[str, int]:
@@ -285,14 +269,14 @@ def store_counts(directory: Path) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_bad_input_is_one_line_before_any_work(name, tmp_path, request, cli_env):
+def test_bad_input_is_one_line_before_any_work(name, tmp_path, request, command_env):
     case = CASES[name]
     inputs = Inputs(tmp_path, request)
     args = case.args(inputs)
     before = set(tmp_path.iterdir())
     counts = store_counts(tmp_path)
     start = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", case.module, *map(str, args)], cwd=tmp_path, env=cli_env,
+    result = subprocess.run([sys.executable, "-m", case.module, *map(str, args)], cwd=tmp_path, env=command_env,
                             capture_output=True, text=True, timeout=180, check=False)
     seconds = time.monotonic() - start
     output = result.stdout + result.stderr

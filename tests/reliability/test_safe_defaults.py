@@ -10,12 +10,13 @@ import ast
 import os
 import pickle
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import cli_env, free_port, tiny_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("space", "trainer", "glue", "search", "dashboards", "benchmarks")
@@ -66,7 +67,7 @@ def yaml_payload(marker: Path) -> str:
 
 # ---- servers bind 127.0.0.1 ---------------------------------------------------------------------
 
-def test_search_keeps_a_local_ray_on_loopback_and_a_cluster_user_free(monkeypatch):
+def test_search_keeps_a_local_ray_on_loopback_and_a_cluster_user_free():
     from search import run
 
     saved = dict(os.environ)
@@ -139,9 +140,7 @@ def test_the_mlflow_ui_launcher_binds_loopback_by_default(tmp_path, monkeypatch)
     (tmp_path / "mlflow.db").touch()  # ui.start refuses a store that does not exist
     monkeypatch.setattr(ui.subprocess, "Popen", popen)
     monkeypatch.setattr(ui, "_wait_healthy", lambda server, timeout_s: None)
-    with socket.socket() as probe:
-        probe.bind((LOOPBACK, 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = ui.start(f"sqlite:///{tmp_path}/mlflow.db", port=port)
     server.log_path.unlink()
     command = commands[0]
@@ -166,9 +165,8 @@ def test_a_python_tag_in_a_space_file_is_refused_by_search_run_and_not_run(tmp_p
     marker = tmp_path / "executed"
     space = tmp_path / "space.yaml"
     space.write_text(f"name: {yaml_payload(marker)}\nparams:\n  layers: {{int: [1, 2]}}\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     result = subprocess.run([sys.executable, "-m", "search.run", "--space", str(space), "--profile", "cpu"],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+                            cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=120, check=False)
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert len(errors) == 1 and "space.yaml: line 1" in errors[0] and "python/object/apply" in errors[0], errors
@@ -227,18 +225,7 @@ def test_no_source_unpickles_a_file():
 
 @pytest.fixture
 def checkpoint(tmp_path) -> Path:
-    """A real checkpoint of a 1-layer model, as trainer.cram writes it."""
-    from space.arch import ArchConfig
-    from trainer.checkpoint import save_checkpoint
-    from trainer.config import TrainConfig
-    from trainer.model import CrammedBert
-    from trainer.tokenizer import train_wordpiece
-
-    tokenizer = train_wordpiece(["a small cat sat on the warm mat"] * 10, vocab_size=64, normalization="cramming")
-    tokenizer.save(str(tmp_path / "tokenizer.json"))
-    arch = ArchConfig(layers=1, hidden=32, heads=2, vocab_size=tokenizer.get_vocab_size(), max_seq_len=32)
-    return save_checkpoint(tmp_path / "checkpoint", CrammedBert(arch), arch, TrainConfig(),
-                           tmp_path / "tokenizer.json", {})
+    return tiny_checkpoint(tmp_path)
 
 
 @pytest.mark.parametrize("weights", ["model.bin", "model.safetensors"])

@@ -4,13 +4,9 @@ MLflow never got."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
-from pathlib import Path
 
-import optuna
 import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
@@ -25,20 +21,9 @@ from search.tracking import (
     TrackingUnavailable,
 )
 from space import load_space
-from tests.conftest import requires_shared_data
-from tests.studies import PROFILE, ROOT, check_stores_agree, kill_session, study_args
+from tests.conftest import FakeTime, cli_env, requires_shared_data
+from tests.studies import PROFILE, check_stores_agree, kill_session, study_args, trials_in, wait_for
 from trainer.config import TrainConfig
-
-
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class Store:
@@ -142,39 +127,23 @@ def test_resume_writes_the_runs_mlflow_never_got(tmp_path):
     assert len(tracker.trial_runs()) == 4
 
 
-def complete_trials(tmp_path: Path, name: str) -> int:
-    try:
-        study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/optuna.db")
-    except KeyError:  # not created yet
-        return 0
-    return len(study.get_trials(states=(TrialState.COMPLETE,)))
-
-
-def wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.5)
-
-
 @requires_shared_data
 def test_study_carries_on_through_a_tracking_server_restart(wiki_slice_dir, slice_cache, tmp_path, tracking_server):
     trials = 10
     args = study_args(tmp_path, wiki_slice_dir, "outage", "--trials", str(trials), "--controller", "random",
                       "--objective", "mlm", "--no-probe", "--no-early-stop", "--budget", "2s",
                       tracking_uri=tracking_server.uri, cache_dir=slice_cache)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    complete_trials = lambda: len(trials_in(tmp_path, "outage", TrialState.COMPLETE))
     log = tmp_path / "driver.log"
     with open(log, "w") as out:
-        driver = subprocess.Popen([sys.executable, "-m", "search.run", *args], cwd=tmp_path, env=env,
+        driver = subprocess.Popen([sys.executable, "-m", "search.run", *args], cwd=tmp_path, env=cli_env(),
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for(lambda: complete_trials(tmp_path, "outage") >= 2, 240, "two complete trials")
+        wait_for(lambda: complete_trials() >= 2, 240, "two complete trials")
         tracking_server.stop()
-        down_at = complete_trials(tmp_path, "outage")
+        down_at = complete_trials()
         assert down_at < trials, "the study ended before the server went down"
-        wait_for(lambda: complete_trials(tmp_path, "outage") > down_at, 120, "a trial to complete with MLflow down")
+        wait_for(lambda: complete_trials() > down_at, 120, "a trial to complete with MLflow down")
         tracking_server.start()
         assert driver.wait(timeout=300) == 0, log.read_text()[-3000:]
     finally:

@@ -16,8 +16,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
 from space.arch import ArchConfig
-from tests.conftest import SLICE_SEQ, SLICE_VOCAB, requires_shared_data
-from tests.studies import ROOT
+from tests.conftest import SLICE_SEQ, SLICE_VOCAB, cli_env, requires_shared_data
 from tests.test_cram_cli import slice_config
 from trainer.budget import Budget
 from trainer.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
@@ -29,11 +28,7 @@ ARCH = ArchConfig(layers=1, hidden=32, heads=2, ffn_mult=2.0, vocab_size=SLICE_V
 
 
 @requires_shared_data
-def test_out_of_memory_at_micro_batch_one_fails_with_a_clear_reason(wiki_slice_dir, slice_cache):
-    from trainer.data import CorpusSource, prepare_data
-
-    data = prepare_data(CorpusSource.from_args(data_dir=str(wiki_slice_dir)), vocab_size=SLICE_VOCAB,
-                        seq_len=SLICE_SEQ, cache_dir=slice_cache)
+def test_out_of_memory_at_micro_batch_one_fails_with_a_clear_reason(wiki_slice):
     tried = []
 
     def no_memory(rows: int) -> None:
@@ -41,7 +36,7 @@ def test_out_of_memory_at_micro_batch_one_fails_with_a_clear_reason(wiki_slice_d
         raise torch.OutOfMemoryError("simulated")
 
     with pytest.raises(OutOfMemory) as info:
-        cram(ARCH, TrainConfig(batch_size=16, micro_batch=8), data, Budget.parse("1e4tokens"),
+        cram(ARCH, TrainConfig(batch_size=16, micro_batch=8), wiki_slice, Budget.parse("1e4tokens"),
              before_forward=no_memory)
     assert tried == [8, 4, 2, 1]  # halved down to one row, then given up
     assert str(info.value) == ("out of cpu memory even at micro_batch 1 (halved 3 times from 8); "
@@ -83,23 +78,18 @@ def test_a_failed_rewrite_keeps_the_previous_checkpoint_whole(tmp_path):
 
 
 @requires_shared_data
-def test_cli_reports_a_failed_checkpoint_write_in_one_line(wiki_slice_dir, slice_cache, tmp_path):
+def test_cli_reports_a_failed_checkpoint_write_in_one_line(wiki_slice_dir, wiki_slice, slice_cache, tmp_path):
     """A real failing write: the CLI runs with a 300 KB file-size limit (RLIMIT_FSIZE; Python
     ignores SIGXFSZ, so writes past it fail with EFBIG), which the tokenizer fits and the weights
     do not. The slice is prepared already (`slice_cache`): the CLI only reads its cache."""
-    from trainer.data import CorpusSource, prepare_data
-
-    data = prepare_data(CorpusSource.from_args(data_dir=str(wiki_slice_dir)), vocab_size=SLICE_VOCAB,
-                        seq_len=SLICE_SEQ, cache_dir=slice_cache)
-    assert data.from_cache
+    assert wiki_slice.from_cache
     limit = 300_000
-    assert data.tokenizer_path.stat().st_size < limit
+    assert wiki_slice.tokenizer_path.stat().st_size < limit
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "trainer.cram", "--config", str(slice_config(tmp_path)), "--budget", "2e3tokens",
          "--data", str(wiki_slice_dir), "--out", str(out), "--cache-dir", str(slice_cache)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300, check=False,
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
     assert done.returncode == 1, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
