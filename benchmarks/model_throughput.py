@@ -25,7 +25,7 @@ import torch
 from transformers import BertConfig, BertForMaskedLM
 
 from space.arch import ArchConfig
-from trainer.cram import autocast
+from trainer.device import autocast
 from trainer.model import CrammedBert
 
 

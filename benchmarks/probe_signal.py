@@ -23,8 +23,9 @@ from glue import DEFAULT_PROBE_TASKS, ProbeLimits, probe
 from trainer.budget import Budget
 from trainer.checkpoint import load_checkpoint
 from trainer.config import load_run_config
+from trainer.corpus import CorpusSource
 from trainer.cram import cram
-from trainer.data import CorpusSource, prepare_data
+from trainer.data import prepare_data
 from trainer.model import CrammedBert
 
 CONFIG = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "crammed-bert-cpu.yaml"

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from trainer.budget import Budget
 from trainer.config import load_run_config
+from trainer.corpus import CorpusSource
 from trainer.cram import cram
-from trainer.data import CorpusSource, prepare_data
+from trainer.data import prepare_data
 
 CONFIGS = Path(__file__).resolve().parents[1] / "trainer" / "configs"
 

@@ -62,7 +62,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from search.audit import audit_study
-    from search.tracking import trial_runs
+    from search.tracking import StudyTracker
 
     faults = draw_faults(args.trials, args.fault_rate, args.seed)
     spec = ";".join(f"{kind}@{','.join(str(n) for n, k in faults.items() if k == kind)}"
@@ -82,7 +82,7 @@ def main() -> int:
     print(done.stdout[-3000:])
 
     audit = audit_study(study, uri, trials=args.trials)
-    runs = {int(row["trial"]): row for row in trial_runs(study, uri).to_dict("records")}
+    runs = {int(row["trial"]): row for row in StudyTracker(uri, study).trial_table().to_dict("records")}
     wrong = []
     print("| trial | fault | state | reason |\n|---|---|---|---|")
     for number, kind in faults.items():
@@ -90,7 +90,7 @@ def main() -> int:
         if row is None:
             print(f"| {number} | {kind} | not counted (an infeasible draw) | |")
             continue
-        state = str(row.get("tags.cramnas.status"))
+        state = str(row.get("tags.cramnas.state"))
         reason = row.get("tags.cramnas.failure_reason")
         reason = reason if isinstance(reason, str) else ""
         halvings = row.get("metrics.oom_halvings")

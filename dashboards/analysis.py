@@ -1,12 +1,12 @@
 """The statistics behind the study report, as plain functions on pandas frames of runs.
 
-Frames are what `search.tracking.StudyTracker.trial_runs` returns (one row per run: `trial`,
+Frames are what `search.tracking.StudyTracker.trial_table` returns (one row per run: `trial`,
 `run_id`, `status`, `start_time`, `end_time`, `params.*`, `metrics.*`, `tags.*`); `prepare` adds
 the few derived columns every view needs. Nothing here reads a store or draws anything, so each
 function is tested against scipy on hand-built frames. Parameter importance, which needs an Optuna
 study, lives in `dashboards.importance`.
 
-Which trials count: only `complete` ones (the `cramnas.status` tag) enter best-so-far, the Pareto
+Which trials count: only `complete` ones (the `cramnas.state` tag, `search.states`) enter best-so-far, the Pareto
 fronts, the ablation table and the rankings. Repeats copy an earlier trial's result (the search's
 de-duplication), so counting them would weigh that architecture twice; pruned and failed trials
 have no final score. Every trial, whatever its fate, counts towards compute spent.
@@ -22,27 +22,38 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from search.confirm import mean_interval
-from search.tracking import TRIAL_STATUS
+from search.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, Objective
+from search.states import COMPLETE, FAILED, PRUNED, REPEAT, STATE_TAG, STATES, state_of_status
+from search.stats import mean_interval
 
-STATUS = "tags.cramnas.status"
+STATE_COLUMN = f"tags.{STATE_TAG}"
 LOSS = "metrics.validation_loss"  # what the search logs (trainer.cram's CramResult name)
-PROBE = "metrics.probe_average"
+# How far below the unigram floor the loss ended (trainer/unigram.py): what a trial learned beyond
+# token frequencies. NaN for runs logged before the floor was.
+BELOW_FLOOR = "metrics.nats_below_unigram"
 CONFIDENCE = 0.95
 # A parameter with more distinct values than this is a range, not a set of choices to ablate.
 MAX_CHOICES = 10
-# MLflow's run status, for runs whose `cramnas.status` tag is missing.
-RUN_STATE = {**TRIAL_STATUS, "RUNNING": "running"}
 
 
 @dataclass(frozen=True)
 class Score:
-    """The number a study ranks by: a metric column and its direction."""
+    """The number a study ranks by: its objective's ranking metric, as a column of the frame."""
 
-    column: str
-    label: str
-    higher_is_better: bool
+    objective: Objective
     note: str = ""  # why this metric, when it is not the study's own objective
+
+    @property
+    def column(self) -> str:
+        return f"metrics.{self.objective.rank_metric}"
+
+    @property
+    def label(self) -> str:
+        return self.objective.label
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.objective.higher_is_better
 
     def best(self, values: pd.Series):
         """Index of the best finite value (None when there is none)."""
@@ -56,44 +67,43 @@ class Score:
                                  na_position="last", kind="stable")
 
 
-PROBE_SCORE = Score(PROBE, "probe average (GLUE)", True)
-LOSS_SCORE = Score(LOSS, "validation MLM loss", False)
+# What stands in when the study's metric was never logged.
+FALLBACK_OBJECTIVE = OBJECTIVES["mlm"]
 
 
 def choose_score(objective: str | None, frame: pd.DataFrame) -> Score:
-    """The study's score: `probe_average` (higher is better) for the `probe` and `probe+throughput`
-    objectives, the validation MLM loss (lower is better) for `mlm`. A probe study whose complete
-    trials logged no probe score falls back to the loss, and says so."""
-    objective = (objective or "").strip()
-    if objective in ("mlm", "validation_loss"):
-        return LOSS_SCORE
-    counted_probe = counted(frame)[PROBE] if PROBE in frame else pd.Series(dtype=float)
-    if np.isfinite(counted_probe.astype(float)).any():
-        if objective in ("probe", "probe+throughput", "probe_average"):
-            return PROBE_SCORE
-        return Score(PROBE, PROBE_SCORE.label, True, f"objective {objective or 'unknown'}: ranked by the probe")
-    return Score(LOSS, LOSS_SCORE.label, False,
-                 "no complete trial has a probe score, so the validation MLM loss stands in for it")
+    """The study's score: its objective's ranking metric (`search.objectives`). A study with an
+    unknown objective is ranked by the probe; one whose complete trials never logged the metric
+    by the validation MLM loss; either way the score says so in its note."""
+    name = (objective or "").strip()
+    chosen = OBJECTIVES.get(name, OBJECTIVES[DEFAULT_OBJECTIVE])
+    note = "" if name in OBJECTIVES else f"objective {name or 'unknown'}: ranked by the {chosen.label}"
+    score = Score(chosen, note)
+    column = counted(frame)[score.column] if score.column in frame else pd.Series(dtype=float)
+    if chosen is FALLBACK_OBJECTIVE or np.isfinite(column.astype(float)).any():
+        return score
+    return Score(FALLBACK_OBJECTIVE, f"no complete trial has a {chosen.label} score, so the "
+                                     f"{FALLBACK_OBJECTIVE.label} stands in for it")
 
 
 # ---- the frame --------------------------------------------------------------------------------
 
 def prepare(frame: pd.DataFrame) -> pd.DataFrame:
-    """A copy with `state` (complete, repeat, pruned, failed, running), the validation loss under
-    one name (`metrics.validation_loss`), and `spent_s`: the device seconds a run cost, its
+    """A copy with `state` (`search.states`; from the MLflow status for a run without the tag),
+    every objective's metric column (NaN where not logged), and `spent_s`: the device seconds a run cost, its
     `seconds` metric, else its wall time. A repeat's `seconds` is its original's copy, so a repeat
     is charged its own (tiny) wall time."""
     frame = frame.copy()
-    state = frame[STATUS] if STATUS in frame else pd.Series(np.nan, index=frame.index, dtype=object)
-    frame["state"] = state.fillna(frame["status"].map(RUN_STATE)).fillna("running").astype(str)
-    if LOSS not in frame:
-        frame[LOSS] = np.nan
-    for column in (PROBE, "metrics.seconds", "metrics.tokens", "metrics.tokens_per_s", "metrics.params"):
+    state = frame[STATE_COLUMN] if STATE_COLUMN in frame else pd.Series(np.nan, index=frame.index, dtype=object)
+    frame["state"] = state.fillna(frame["status"].map(state_of_status)).astype(str)
+    metrics = {f"metrics.{key}" for objective in OBJECTIVES.values() for key in objective.metrics}
+    for column in sorted(metrics | {LOSS, BELOW_FLOOR, "metrics.seconds", "metrics.tokens", "metrics.tokens_per_s",
+                                    "metrics.params"}):
         if column not in frame:
             frame[column] = np.nan
     # A running trial has no end time (NaT): it has cost nothing yet that we can count.
     wall = (pd.to_datetime(frame["end_time"], utc=True) - pd.to_datetime(frame["start_time"], utc=True)).dt.total_seconds()
-    seconds = frame["metrics.seconds"].where(frame["state"] != "repeat")
+    seconds = frame["metrics.seconds"].where(frame["state"] != REPEAT)
     frame["spent_s"] = seconds.fillna(wall).fillna(0.0).astype(float)
     return frame
 
@@ -102,7 +112,7 @@ def counted(frame: pd.DataFrame) -> pd.DataFrame:
     """The trials statistics count: complete, not repeats."""
     if "state" not in frame:
         frame = prepare(frame)
-    return frame[frame["state"] == "complete"]
+    return frame[frame["state"] == COMPLETE]
 
 
 def scored(frame: pd.DataFrame, score: Score) -> pd.DataFrame:
@@ -126,7 +136,7 @@ class Interval:
 
 
 def mean_ci(values: Iterable[float], confidence: float = CONFIDENCE) -> Interval:
-    """Mean and Student-t confidence interval of the finite `values`: `search.confirm.mean_interval`,
+    """Mean and Student-t confidence interval of the finite `values`: `search.stats.mean_interval`,
     so that the report and search.confirm's table give the same interval."""
     data = [float(v) for v in values if v is not None and math.isfinite(v)]
     if not data:
@@ -134,7 +144,6 @@ def mean_ci(values: Iterable[float], confidence: float = CONFIDENCE) -> Interval
     mean, half = mean_interval(data, confidence)
     if half is None:  # one value gives no interval
         return Interval(1, mean, math.nan, math.nan)
-    half = float(half)  # scipy's numpy float: plain floats keep `overlap` a plain bool
     return Interval(len(data), mean, mean - half, mean + half)
 
 
@@ -152,7 +161,7 @@ def best_so_far(frame: pd.DataFrame, score: Score) -> pd.DataFrame:
     `best` (best counted value up to that trial) and `hours` (device hours spent up to and
     including it, over every trial)."""
     rows = frame.sort_values("trial")
-    value = rows[score.column].astype(float).where(rows["state"] == "complete")
+    value = rows[score.column].astype(float).where(rows["state"] == COMPLETE)
     value = value.where(np.isfinite(value))
     best = value.cummax() if score.higher_is_better else value.cummin()
     return pd.DataFrame({"trial": rows["trial"].to_numpy(), "value": value.to_numpy(),
@@ -262,9 +271,6 @@ def tree_layout(frame: pd.DataFrame) -> pd.DataFrame:
 
 # ---- accounting -------------------------------------------------------------------------------
 
-STATES = ("complete", "repeat", "pruned", "failed", "running")
-
-
 def compute_accounting(frame: pd.DataFrame) -> pd.DataFrame:
     """Trials, device hours and tokens trained by state, plus a `total` row. A repeat trains
     nothing: its tokens are its original's."""
@@ -273,7 +279,7 @@ def compute_accounting(frame: pd.DataFrame) -> pd.DataFrame:
         rows = frame[frame["state"] == state]
         if rows.empty:
             continue
-        tokens = 0.0 if state == "repeat" else float(rows["metrics.tokens"].fillna(0).sum())
+        tokens = 0.0 if state == REPEAT else float(rows["metrics.tokens"].fillna(0).sum())
         records.append({"state": state, "trials": len(rows), "device_hours": rows["spent_s"].sum() / 3600,
                         "tokens": tokens})
     table = pd.DataFrame(records, columns=["state", "trials", "device_hours", "tokens"])
@@ -284,7 +290,7 @@ def compute_accounting(frame: pd.DataFrame) -> pd.DataFrame:
 
 def failures(frame: pd.DataFrame) -> pd.DataFrame:
     """Failed and pruned trials with their reasons, in trial order."""
-    rows = frame[frame["state"].isin(["failed", "pruned"])].sort_values("trial")
+    rows = frame[frame["state"].isin([FAILED, PRUNED])].sort_values("trial")
     reason = rows.get("tags.cramnas.failure_reason", pd.Series(np.nan, index=rows.index, dtype=object))
     return pd.DataFrame({"trial": rows["trial"], "state": rows["state"], "reason": reason,
                          "run_id": rows["run_id"]}).reset_index(drop=True)
@@ -299,7 +305,8 @@ def top_k(frame: pd.DataFrame, score: Score, k: int = 10) -> pd.DataFrame:
 def confirmation_ranking(confirmations: pd.DataFrame, trials: pd.DataFrame, score: Score) -> pd.DataFrame:
     """One row per confirmed configuration, best mean first: `trial` (the original), `run_id`
     (its trial run), `original` (its search score), `n` complete seeds, `failed` seeds, `mean`,
-    `low`, `high` (95% interval over seeds), `rank`."""
+    `low`, `high` (95% interval over seeds), `below_mean`, `below_low`, `below_high` (the same for
+    the nats below the unigram floor), `rank`."""
     runs = prepare(confirmations) if "state" not in confirmations else confirmations
     # The original is named twice: by run id (`cramnas.confirmation_of`, which survives renumbering)
     # and by number (`cramnas.original_trial`, the reader's `trial` column).
@@ -309,13 +316,16 @@ def confirmation_ranking(confirmations: pd.DataFrame, trials: pd.DataFrame, scor
     records = []
     for number, group in runs.dropna(subset=["original_trial"]).groupby("original_trial"):
         trial = trials[trials["trial"] == int(number)]
-        complete = group[group["state"] == "complete"]
+        complete = group[group["state"] == COMPLETE]
         ci = mean_ci(complete[score.column].astype(float))
+        below = mean_ci(complete[BELOW_FLOOR].astype(float))
         records.append({"trial": int(number), "run_id": trial["run_id"].iloc[0] if len(trial) else None,
                         "original": float(trial[score.column].iloc[0]) if len(trial) else math.nan,
-                        "n": ci.n, "failed": int((group["state"] == "failed").sum()),
-                        "mean": ci.mean, "low": ci.low, "high": ci.high})
-    table = pd.DataFrame(records, columns=["trial", "run_id", "original", "n", "failed", "mean", "low", "high"])
+                        "n": ci.n, "failed": int((group["state"] == FAILED).sum()),
+                        "mean": ci.mean, "low": ci.low, "high": ci.high,
+                        "below_mean": below.mean, "below_low": below.low, "below_high": below.high})
+    table = pd.DataFrame(records, columns=["trial", "run_id", "original", "n", "failed", "mean", "low", "high",
+                                           "below_mean", "below_low", "below_high"])
     table = score.sort(table, "mean").reset_index(drop=True)
     table["rank"] = np.arange(1, len(table) + 1)
     return table

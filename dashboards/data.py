@@ -14,8 +14,10 @@ from mlflow import MlflowClient
 from mlflow.entities import Run
 
 from dashboards.analysis import Score, choose_score, prepare
-from search.run import UsageError  # the project's one-line user error (exit 2), shared with the search CLIs
-from search.tracking import TAG, StudyTracker, TrackingError, existing_store
+from search.retry import TrackingError
+from search.stores import existing_store
+from search.tracking import TAG, StudyTracker
+from space.errors import UsageError
 
 
 def open_store(uri: str | None) -> tuple[str, MlflowClient]:
@@ -56,8 +58,8 @@ class StudyData:
     uri: str
     experiment_id: str
     study_run: Run | None  # None only for an experiment that no cramnas driver started
-    trials: pd.DataFrame  # `StudyTracker.trial_runs`, prepared (analysis.prepare)
-    confirmations: pd.DataFrame  # `StudyTracker.confirmation_runs`, prepared
+    trials: pd.DataFrame  # `StudyTracker.trial_table`, prepared (analysis.prepare)
+    confirmations: pd.DataFrame  # `StudyTracker.confirmation_table`, prepared
     score: Score
 
     def setting(self, key: str) -> str | None:
@@ -74,7 +76,7 @@ def load_study(study: str, uri: str | None = None) -> StudyData:
         exp_id = experiment_id(client, uri, study)
         tracker = StudyTracker(uri, study)
         runs = client.search_runs([exp_id], f"tags.`{TAG}kind` = 'study'", max_results=1)
-        trials, confirmations = prepare(tracker.trial_runs()), prepare(tracker.confirmation_runs())
+        trials, confirmations = prepare(tracker.trial_table()), prepare(tracker.confirmation_table())
     except TrackingError as error:
         raise UsageError(f"--tracking-uri: {error}") from None
     study_run = runs[0] if runs else None

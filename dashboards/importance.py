@@ -24,7 +24,8 @@ from optuna.distributions import (
 from optuna.trial import TrialState
 
 from dashboards.analysis import Score, scored
-from search.tracking import sqlite_path
+from search.params import param_value
+from search.stores import sqlite_path
 
 SEED = 0  # fANOVA fits random forests: a fixed seed makes the report reproducible
 
@@ -51,33 +52,28 @@ def _optuna_trials(study_name: str, storage: str) -> list[optuna.trial.FrozenTri
             if "repeat_of" not in t.user_attrs and "infeasible" not in t.user_attrs]
 
 
-def _distribution(values: pd.Series) -> BaseDistribution:
+def _distribution(values: list) -> BaseDistribution:
     """Integers and floats keep their order (fANOVA splits on it); anything else is categorical."""
-    numbers = pd.to_numeric(values, errors="coerce")
-    if numbers.notna().all() and not values.isin(["True", "False"]).any():
-        if (numbers == numbers.round()).all() and not values.str.contains(r"[.eE]").any():
-            return IntDistribution(int(numbers.min()), int(numbers.max()))
-        return FloatDistribution(float(numbers.min()), float(numbers.max()))
-    return CategoricalDistribution(sorted(values.unique()))
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return IntDistribution(min(values), max(values))
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return FloatDistribution(float(min(values)), float(max(values)))
+    return CategoricalDistribution(sorted(set(values), key=str))
 
 
 def _mlflow_trials(frame: pd.DataFrame, score: Score) -> list[optuna.trial.FrozenTrial]:
-    """Trials rebuilt from MLflow params: the `params.arch.*` that varied among counted trials."""
+    """Trials rebuilt from MLflow params: the `params.arch.*` that varied among counted trials,
+    read back as `search.params.param_value` reads every param."""
     rows = scored(frame, score)
     columns = [c for c in frame.columns if c.startswith("params.arch.") and rows[c].dropna().nunique() > 1]
     rows = rows.dropna(subset=columns)
-    distributions = {c.removeprefix("params.arch."): _distribution(rows[c].astype(str)) for c in columns}
+    values = {c.removeprefix("params.arch."): [param_value(str(text)) for text in rows[c]] for c in columns}
+    distributions = {name: _distribution(column) for name, column in values.items()}
     trials = []
-    for _, row in rows.iterrows():
-        params = {}
-        for column in columns:
-            name = column.removeprefix("params.arch.")
-            dist = distributions[name]
-            text = str(row[column])
-            params[name] = (int(float(text)) if isinstance(dist, IntDistribution)
-                            else float(text) if isinstance(dist, FloatDistribution) else text)
-        trials.append(optuna.trial.create_trial(params=params, distributions=distributions,
-                                                values=[float(row[score.column])]))
+    for index, value in enumerate(rows[score.column].astype(float)):
+        params = {name: float(column[index]) if isinstance(distributions[name], FloatDistribution) else column[index]
+                  for name, column in values.items()}
+        trials.append(optuna.trial.create_trial(params=params, distributions=distributions, values=[value]))
     return trials
 
 

@@ -24,21 +24,29 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from dashboards import analysis
-from dashboards.analysis import LOSS, Score
-from dashboards.data import StudyData, UsageError, load_study
+from dashboards.analysis import BELOW_FLOOR, LOSS, Score
+from dashboards.data import StudyData, load_study
 from dashboards.importance import param_importance
 from dashboards.page import CSS, esc, figure_html, human, interval, link, num, table
 from dashboards.ui import DEFAULT_PORT, LOOPBACK, run_url, runs_url
+from search.params import params_under
+from search.retry import first_line
+from search.states import COMPLETE, FAILED, PRUNED, STATES
 from search.stores import study_storage
-from search.tracking import first_line
+from space.arch import ArchConfig, ArchError
+from space.errors import CramnasError
 
 TOP_K = 10
 COLOURS = {"point": "#8c959f", "front": "#0969da", "best": "#1a7f37", "edge": "#afb8c1"}
-def describe(row) -> str:
-    """An architecture in a few words, from a run's `params.arch.*`."""
-    layers, hidden, heads, ffn, norm, position = (row.get(f"params.arch.{key}", "?") for key in (
-        "layers", "hidden", "heads", "ffn_kind", "norm_placement", "position"))
-    return f"{layers}x{hidden}/{heads}h {ffn} {norm}-norm {position}"
+
+
+def architecture(row) -> str:
+    """A run's architecture in a few words (`ArchConfig.describe`), from its `params.arch.*`."""
+    arch = params_under(row, "arch")
+    try:
+        return ArchConfig.from_dict(arch).describe() if arch else "?"
+    except ArchError as error:  # an impossible architecture (its trial failed), or a field this version lacks
+        return f"invalid: {error}"
 
 
 def axis_title(score: Score) -> str:
@@ -98,7 +106,7 @@ class Report:
                 fig.add_trace(go.Scatter(
                     x=subset[column] * scale, y=subset[self.score.column], mode=mode, name=name,
                     marker={"color": colour, "size": 7 if mode == "markers" else 9}, line={"color": colour},
-                    showlegend=col == 1, hovertext=[f"trial {r['trial']}: {describe(r)}" for _, r in subset.iterrows()],
+                    showlegend=col == 1, hovertext=[f"trial {r['trial']}: {architecture(r)}" for _, r in subset.iterrows()],
                     hoverinfo="text+x+y"), row=1, col=col)
             fig.update_xaxes(title_text=title, row=1, col=col)
         fig.update_yaxes(title_text=axis_title(self.score), row=1, col=1)
@@ -168,9 +176,9 @@ class Report:
                                  text=[str(e.mutation) for e in known.itertuples()] if few else None,
                                  textfont={"size": 10, "color": "#57606a"}, marker={"size": 5, "color": COLOURS["edge"]},
                                  hovertext=labels, hoverinfo="text", showlegend=False))
-        scored = nodes["state"].eq("complete") & np.isfinite(nodes["score"].astype(float))
+        scored = nodes["state"].eq(COMPLETE) & np.isfinite(nodes["score"].astype(float))
         for subset, name, marker in (
-                (nodes[scored], "complete", {"size": 11, "color": nodes.loc[scored, "score"],
+                (nodes[scored], COMPLETE, {"size": 11, "color": nodes.loc[scored, "score"],
                                              "colorscale": "Viridis", "reversescale": not self.score.higher_is_better,
                                              "colorbar": {"title": {"text": self.score.label}, "thickness": 14},
                                              "line": {"width": 1, "color": "#fff"}}),
@@ -194,7 +202,7 @@ class Report:
     def compute(self) -> str:
         accounts = analysis.compute_accounting(self.trials)
         total = accounts.iloc[-1]
-        lost = accounts[accounts["state"].isin(["failed", "pruned"])]["device_hours"].sum()
+        lost = accounts[accounts["state"].isin([FAILED, PRUNED])]["device_hours"].sum()
         share = (f" ({100 * lost / total['device_hours']:.2g}% of it on failed or pruned trials)"
                  if total["device_hours"] else "")
         sentence = (f"<p>{int(total['trials'])} trials used {num(total['device_hours'], 3)} device-hours{share} and "
@@ -206,13 +214,13 @@ class Report:
         rows = analysis.top_k(self.trials, self.score, self.top)
         if rows.empty:
             return self.no_complete()
-        # The loss gets its own column unless it is the score already.
-        columns = [self.score.column] + ([LOSS] if self.score.column != LOSS else [])
-        labels = [self.score.label] + (["val. MLM loss"] if self.score.column != LOSS else [])
+        # The loss gets its own column unless it is the score already; beside it, how far below the floor it is.
+        columns = [self.score.column] + ([LOSS] if self.score.column != LOSS else []) + [BELOW_FLOOR]
+        labels = [self.score.label] + (["val. MLM loss"] if self.score.column != LOSS else []) + ["nats below floor"]
         body = []
         for rank, (_, r) in enumerate(rows.iterrows(), start=1):
             body.append([str(rank), self.run_link(r["run_id"], r["trial"]), *(num(r[c]) for c in columns),
-                         num(r["metrics.tokens_per_s"]), human(r["metrics.params"]), esc(describe(r)),
+                         num(r["metrics.tokens_per_s"]), human(r["metrics.params"]), esc(architecture(r)),
                          self.run_link(r["run_id"], r.get("run_name", r["run_id"]))])
         headers = ["rank", "trial", *labels, "tokens/s", "params", "architecture", "MLflow run"]
         return table(headers, body, numeric=tuple(range(len(columns) + 4)))
@@ -224,9 +232,10 @@ class Report:
                     f'<code>python -m search.confirm --study {esc(self.data.name)}</code></p>')
         ranking = analysis.confirmation_ranking(runs, self.trials, self.score)
         body = [[str(r.rank), self.run_link(r.run_id, r.trial), num(r.original), interval(r.mean, r.low, r.high),
-                 str(r.n), str(r.failed)] for r in ranking.itertuples()]
-        parts = [table(["rank", "trial", f"search {self.score.label}", "confirmed mean [95% CI]", "seeds",
-                        "failed seeds"], body, numeric=(0, 1, 2, 3, 4, 5))]
+                 interval(r.below_mean, r.below_low, r.below_high), str(r.n), str(r.failed)]
+                for r in ranking.itertuples()]
+        parts = [table(["rank", "trial", f"search {self.score.label}", "confirmed mean [95% CI]",
+                        "nats below floor [95% CI]", "seeds", "failed seeds"], body, numeric=(0, 1, 2, 3, 4, 5, 6))]
         noise = analysis.lead_within_noise(ranking)
         if noise is None:
             parts.append("<p>Fewer than two configurations have an interval (two or more complete seeds each): "
@@ -290,7 +299,9 @@ def render(data: StudyData, ui_url: str = f"http://{LOOPBACK}:{DEFAULT_PORT}", t
     counts = data.trials["state"].value_counts()
     facts = {"controller": data.controller, "objective": data.setting("objective") or "unknown",
              "budget per trial": data.setting("budget") or "unknown",
-             "trials": ", ".join(f"{counts[s]} {s}" for s in analysis.STATES if s in counts) or "none",
+             # The loss of predicting from token frequencies alone (trainer/unigram.py); older studies lack it.
+             "unigram floor": f"{float(floor):.3f} nats" if (floor := data.setting("unigram_floor")) else "n/a",
+             "trials": ", ".join(f"{counts[s]} {s}" for s in STATES if s in counts) or "none",
              "ranked by": axis_title(data.score)}
     head = (f"<header><h1>Study {esc(data.name)}</h1>"
             f'<div class="facts">{"".join(f"<span>{esc(k)}: <b>{esc(v)}</b></span>" for k, v in facts.items())}</div>'
@@ -347,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         out = write_report(args.study, args.out, args.tracking_uri, args.ui_url, args.top, not args.no_log, args.storage)
-    except UsageError as error:
+    except CramnasError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except (ArtifactError, OSError) as error:

@@ -5,7 +5,7 @@ Chromium (the system's: Debian's `chromium` package) and saves PNGs in `--out-di
 
 - `report.png`: the whole report page, once every plotly figure has drawn;
 - `mlflow-runs.png`: the study's runs table, best trial first, with the study's score, a few other
-  metrics and each trial's status as columns;
+  metrics and each trial's state as columns;
 - `mlflow-run.png`: the best trial's run page (metrics, params, tags);
 - `mlflow-compare.png`: the top trials side by side (when there are two complete ones).
 
@@ -45,14 +45,16 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from dashboards import ui
-from dashboards.analysis import LOSS, PROBE, top_k
-from dashboards.data import StudyData, UsageError, load_study
+from dashboards.analysis import STATE_COLUMN, top_k
+from dashboards.data import StudyData, load_study
 from dashboards.report import write_report
 from dashboards.ui import LOOPBACK
-from search.tracking import first_line
+from search.objectives import OBJECTIVES
+from search.retry import first_line
+from space.errors import CramnasError, UsageError
 
 INSTALL_HINT = "install Debian's package: apt-get update && apt-get install -y chromium"
-# STACK.md's flags for a quiet headless Chromium; Playwright adds --headless, --no-sandbox (off by
+# Flags for a quiet headless Chromium (docs/stack.md); Playwright adds --headless, --no-sandbox (off by
 # default for a root user) and a fresh --user-data-dir itself.
 CHROMIUM_ARGS = ["--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
@@ -62,8 +64,9 @@ TALL_VIEWPORT = {"width": 1400, "height": 1250}
 COMPARE_VIEWPORT = {"width": 1400, "height": 2100}  # the plot and the differing params, metrics, tags
 PAGE_TIMEOUT_S = 60.0
 TRIAL_NAME = re.compile(r"\bt\d{4}-[0-9a-f]+\b")
-# Metrics worth a column in the runs table, after the study's own score.
-TABLE_METRICS = (PROBE, LOSS, "metrics.tokens_per_s", "metrics.params")
+# Metrics worth a column in the runs table, after the study's own score: every objective's.
+TABLE_METRICS = (*dict.fromkeys(f"metrics.{key}" for objective in OBJECTIVES.values() for key in objective.metrics),
+                 "metrics.params")
 TABLE_COLUMNS = 4
 
 
@@ -237,8 +240,8 @@ def table_metrics(data: StudyData) -> list[str]:
 
 
 def table_columns(data: StudyData) -> list[str]:
-    """The runs table's extra columns: `table_metrics` and the trial status tag."""
-    return [_mlflow_column(c) for c in table_metrics(data)] + [_mlflow_column("tags.cramnas.status")]
+    """The runs table's extra columns: `table_metrics` and the trial state tag."""
+    return [_mlflow_column(c) for c in table_metrics(data)] + [_mlflow_column(STATE_COLUMN)]
 
 
 def shoot_runs_table(browser: Browser, url: str, path: Path, data: StudyData) -> Shot:
@@ -339,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         shots = capture(args.study, Path(args.out_dir), args.tracking_uri, args.chromium)
-    except UsageError as error:
+    except CramnasError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except (BrowserMissing, PageCheckFailed, RuntimeError) as error:

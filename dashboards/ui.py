@@ -1,7 +1,7 @@
 """`python -m dashboards.ui --study NAME`: the MLflow UI over a study's tracking store.
 
 Starts `mlflow server` on 127.0.0.1 (`--host` to open it wider, explicitly), lean: one worker and
-no job runner (STACK.md: about 485 MiB instead of 3.1 GB), waits until it answers `/health`, then
+no job runner (docs/stack.md: about 485 MiB instead of 3.1 GB), waits until it answers `/health`, then
 prints the URL of the study's runs table and a compare view of its top 5 trials, and serves until
 Ctrl-C or SIGTERM. `serve` and `study_urls` are the same pieces for scripts (screenshots, tests):
 
@@ -29,7 +29,8 @@ from urllib.parse import quote
 import requests
 
 from dashboards.analysis import top_k
-from dashboards.data import StudyData, UsageError, load_study, open_store
+from dashboards.data import StudyData, load_study, open_store
+from space.errors import CramnasError, UsageError
 
 DEFAULT_PORT = 5000
 LOOPBACK = "127.0.0.1"
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     except KeyboardInterrupt:
         return 0
-    except UsageError as error:
+    except CramnasError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except RuntimeError as error:

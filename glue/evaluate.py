@@ -30,6 +30,8 @@ from glue.data import why_unavailable
 from glue.finetune import SANE
 from glue.runner import DEFAULT_PROBE_TASKS, ProbeLimits, ProbeResult, run_glue
 from glue.tasks import TASKS, GlueError, get_task
+from space.errors import CramnasError
+from trainer.data_flags import add_data_arguments
 
 RESULT_FILE = "glue.json"
 
@@ -65,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocol", choices=("sane", "probe"), default="sane")
     parser.add_argument("--seeds", type=int, help="fine-tuning seeds per task; the median is reported "
                                                   "(default 5 for sane, 1 for probe)")
-    parser.add_argument("--data", help="local data directory holding glue/<task>/*.parquet (default: the hub)")
+    # No --corpus: nothing is pretrained here. No --cache-dir: GLUE tasks are read directly, not packed.
+    add_data_arguments(parser, corpus=False, cache_dir=False,
+                       data_help="local data directory holding glue/<task>/*.parquet (default: the hub)")
     parser.add_argument("--max-train-examples", type=int, default=ProbeLimits.max_train_examples,
                         help="probe only: training examples per task")
     parser.add_argument("--max-seconds-per-task", type=float, default=ProbeLimits.max_seconds_per_task,
@@ -85,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.seeds is not None and args.seeds < 1:
             raise GlueError(f"--seeds: must be at least 1, got {args.seeds}")
         for flag, field, value in (("--max-train-examples", "max_train_examples", args.max_train_examples),
-                                   ("--max-seconds-per-task", "max_seconds", args.max_seconds_per_task)):
+                                   ("--max-seconds-per-task", "max_seconds_per_task", args.max_seconds_per_task)):
             if value <= 0:
                 raise GlueError(f"{flag}: {field} must be positive, got {value:g}; it caps the probe's fine-tuning "
                                 "per task")
@@ -105,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                                  max_seconds_per_task=args.max_seconds_per_task, data_dir=args.data)
             seeds = [limits.seed] if args.seeds is None else range(args.seeds)
             result = run_glue(checkpoint, None, tasks, limits.settings(), seeds, "probe", args.data, say)
-    except GlueError as error:
+    except CramnasError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     console.print(result_table(result, f"GLUE ({result.protocol}) of {checkpoint}"))

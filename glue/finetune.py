@@ -29,10 +29,8 @@ from torch import nn
 from glue.data import EncodedSplit, batches
 from glue.tasks import GlueError, Task
 from space.arch import ArchConfig
-from trainer.cram import autocast
-from trainer.model import CrammedBert
-
-POOLINGS = ("cls", "mean")
+from trainer.device import autocast
+from trainer.model import POOLINGS, ClassificationHead, CrammedBert
 
 
 @dataclass(frozen=True)
@@ -49,7 +47,7 @@ class FinetuneSettings:
     dropout: float = 0.1
     max_length: int = 128  # tokens, cut further to the model's max_seq_len
     max_train_examples: int | None = None  # None: the whole train split
-    max_seconds: float | None = None  # wall-clock cap on the training of one run (evaluation not included)
+    max_seconds_per_task: float | None = None  # wall-clock cap on the training of one run (evaluation not included)
     eval_batch_size: int = 128
     pooling: str = "cls"  # or "mean"
 
@@ -59,7 +57,7 @@ class FinetuneSettings:
         for name in ("epochs", "batch_size", "lr", "max_length", "eval_batch_size"):
             if getattr(self, name) <= 0:
                 raise GlueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("max_train_examples", "max_seconds"):  # None: no cap
+        for name in ("max_train_examples", "max_seconds_per_task"):  # None: no cap
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise GlueError(f"{name} must be positive (or None for no cap), got {getattr(self, name)}")
 
@@ -73,27 +71,15 @@ SANE = FinetuneSettings()
 
 
 class SequenceClassifier(nn.Module):
-    """encoder -> first-token state -> dense + tanh -> dropout -> linear."""
+    """encoder -> `ClassificationHead` (first-token or mean state -> dense + tanh -> dropout -> linear)."""
 
     def __init__(self, encoder: CrammedBert, num_labels: int, dropout: float, pooling: str = "cls"):
         super().__init__()
-        hidden = encoder.arch.hidden
-        self.encoder, self.pooling = encoder, pooling
-        self.pooler = nn.Linear(hidden, hidden)
-        self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(hidden, num_labels)
-        for layer in (self.pooler, self.classifier):  # the encoder's own init, as Cramming does
-            nn.init.normal_(layer.weight, std=encoder.arch.init_std)
-            nn.init.zeros_(layer.bias)
+        self.encoder = encoder
+        self.head = ClassificationHead(encoder.arch, num_labels, dropout, pooling)
 
     def forward(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
-        hidden = self.encoder.encode(input_ids, attention_mask, token_type_ids)
-        if self.pooling == "cls":
-            summary = hidden[:, 0]
-        else:  # mean over the real tokens, padding left out
-            keep = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            summary = (hidden * keep).sum(1) / keep.sum(1)
-        return self.classifier(self.dropout(torch.tanh(self.pooler(summary))))
+        return self.head(self.encoder.encode(input_ids, attention_mask, token_type_ids), attention_mask)
 
 
 def cosine_with_warmup(progress: float, warmup: float) -> float:
@@ -148,8 +134,8 @@ def finetune(encoder_state: dict[str, torch.Tensor], arch: ArchConfig, task: Tas
             optimizer.zero_grad(set_to_none=True)
             steps, seen = steps + 1, seen + len(rows)
             progress = steps / planned_steps
-            if settings.max_seconds is not None:
-                progress = max(progress, (time.perf_counter() - start) / settings.max_seconds)
+            if settings.max_seconds_per_task is not None:
+                progress = max(progress, (time.perf_counter() - start) / settings.max_seconds_per_task)
             if progress >= 1.0:
                 break
     train_seconds = time.perf_counter() - start

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+import torch
 from tokenizers import Tokenizer
 
 from glue.data import encode_split, load_splits, pad_id, prepare_tokenizer, resolve_tasks, subsample
@@ -41,7 +42,7 @@ from glue.finetune import FinetuneSettings, RunResult, finetune
 from glue.tasks import GlueError, describe_average, glue_average
 from trainer.checkpoint import load_checkpoint
 from trainer.config import ConfigError
-from trainer.cram import device_name, pick_device
+from trainer.device import device_name, pick_device
 from trainer.model import CrammedBert
 
 DEFAULT_PROBE_TASKS = ("sst2", "stsb", "mrpc", "cola", "rte")
@@ -62,8 +63,8 @@ class ProbeLimits:
 
     def settings(self) -> FinetuneSettings:
         return FinetuneSettings(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
-                                max_train_examples=self.max_train_examples, max_seconds=self.max_seconds_per_task,
-                                pooling=self.pooling)
+                                max_train_examples=self.max_train_examples,
+                                max_seconds_per_task=self.max_seconds_per_task, pooling=self.pooling)
 
 
 @dataclass
@@ -106,8 +107,10 @@ def load_encoder(encoder_or_checkpoint: CrammedBert | str | os.PathLike,
 
 def run_glue(encoder_or_checkpoint: CrammedBert | str | os.PathLike, tokenizer: str | os.PathLike | Tokenizer | None,
              tasks: str | Iterable[str], settings: FinetuneSettings, seeds: Iterable[int], protocol: str,
-             data_dir: str | os.PathLike | None = None, report: Callable[[str], None] | None = None) -> ProbeResult:
-    """Fine-tune on each task once per seed and score it; medians over seeds."""
+             data_dir: str | os.PathLike | None = None, report: Callable[[str], None] | None = None,
+             device: torch.device | None = None) -> ProbeResult:
+    """Fine-tune on each task once per seed and score it; medians over seeds. `device`: where to
+    fine-tune (default: CUDA when there is one; a search trial passes the device Ray gave it)."""
     start = time.perf_counter()
     seeds = list(seeds)
     if not seeds:
@@ -126,7 +129,7 @@ def run_glue(encoder_or_checkpoint: CrammedBert | str | os.PathLike, tokenizer: 
             raise GlueError(f"task {task.name}: the train split is empty")
         prepared[task.name] = (encode_split(tokenizer, task, train),
                                {entry: encode_split(tokenizer, task, splits[split]) for entry, split in task.entries})
-    device = pick_device()
+    device = device or pick_device()
     state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
 
     metrics, scores, seconds, runs = {}, {}, {}, {}
@@ -158,7 +161,7 @@ def run_glue(encoder_or_checkpoint: CrammedBert | str | os.PathLike, tokenizer: 
 
 def probe(encoder_or_checkpoint: CrammedBert | str | os.PathLike,
           tokenizer: str | os.PathLike | Tokenizer | None = None, tasks: str | Iterable[str] = DEFAULT_PROBE_TASKS,
-          limits: ProbeLimits = ProbeLimits()) -> ProbeResult:
+          limits: ProbeLimits = ProbeLimits(), device: torch.device | None = None) -> ProbeResult:
     """The quick GLUE probe of a search trial: capped fine-tuning, one seed, full dev sets."""
     return run_glue(encoder_or_checkpoint, tokenizer, tasks, limits.settings(), [limits.seed], "probe",
-                    limits.data_dir)
+                    limits.data_dir, device=device)

@@ -39,8 +39,10 @@ import numpy as np
 from scipy import stats
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
+from space.errors import CramnasError
 
-class GlueError(ValueError):
+
+class GlueError(CramnasError):
     """Bad GLUE input (unknown task, missing data, mismatched tokenizer); the message names the fix."""
 
 

@@ -6,8 +6,8 @@ while) must leave them agreeing. The audit checks, and says what it found:
 - no trial is left running in either store (while no driver is running the study);
 - every counted Optuna trial (infeasible draws are told PRUNED and redrawn: they do not count)
   has exactly one MLflow trial run, and no trial run lacks its Optuna trial;
-- the states agree: COMPLETE is FINISHED, PRUNED is KILLED, FAIL is FAILED (or KILLED, for a
-  trial whose driver died under it, `search.study.reconcile`);
+- the states agree (`search.states`): complete and repeat are FINISHED, pruned is KILLED, failed
+  is FAILED (or KILLED, for a trial whose driver died under it, `search.study.reconcile`);
 - every failed trial run says why (`cramnas.failure_reason`);
 - with `--trials N`: complete + pruned + failed is exactly N.
 Exit code 0 when all hold, 1 with one line per problem otherwise.
@@ -20,7 +20,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
-RUN_STATUS_OF = {"complete": {"FINISHED"}, "pruned": {"KILLED"}, "failed": {"FAILED", "KILLED"}}
+from space.errors import CramnasError
 
 
 @dataclass
@@ -46,24 +46,25 @@ def audit_study(study_name: str, tracking_uri: str | None = None, storage: str |
     """Compare the study's Optuna trials with its MLflow trial runs (see the module docstring)."""
     import optuna
 
-    from search.controllers import STATE_NAMES, study_counts
+    from search.controllers import study_counts
+    from search.states import COMPLETE, FAILED, PRUNED, RUNNING, run_statuses, state_of_trial
     from search.stores import study_storage
     from search.tracking import StudyTracker
 
     study = optuna.load_study(study_name=study_name, storage=study_storage(tracking_uri, storage))
     counts = study_counts(study)
-    counted = {t.number: STATE_NAMES.get(t.state, t.state.name.lower()) for t in study.get_trials(deepcopy=False)
+    counted = {t.number: state_of_trial(t) for t in study.get_trials(deepcopy=False)
                if "infeasible" not in t.user_attrs}
-    frame = StudyTracker(tracking_uri, study_name).trial_runs()
+    frame = StudyTracker(tracking_uri, study_name).trial_table()
     runs = frame.to_dict("records")
     audit = Audit(study_name, counts, dict(Counter(r["status"] for r in runs)))
     problems = audit.problems
 
-    if counts["running"]:
-        problems.append(f"{counts['running']} Optuna trial(s) still RUNNING: resume the study "
+    if counts[RUNNING]:
+        problems.append(f"{counts[RUNNING]} Optuna trial(s) still RUNNING: resume the study "
                         f"(search.run --study {study_name} --resume) to close them")
     if trials is not None:
-        finished = counts["complete"] + counts["pruned"] + counts["failed"]
+        finished = sum(counts[state] for state in (COMPLETE, PRUNED, FAILED))
         if finished != trials:
             problems.append(f"complete + pruned + failed = {finished}, expected {trials}")
     by_trial: dict[int, list[dict]] = {}
@@ -79,10 +80,10 @@ def audit_study(study_name: str, tracking_uri: str | None = None, storage: str |
         run = found[0]
         if run["status"] == "RUNNING":
             problems.append(f"trial {number}: MLflow run {run['run_id']} still RUNNING")
-        elif state in RUN_STATUS_OF and run["status"] not in RUN_STATUS_OF[state]:
+        elif state != RUNNING and run["status"] not in run_statuses(state):
             problems.append(f"trial {number}: Optuna says {state}, MLflow run {run['run_id']} is {run['status']}")
         reason = run.get("tags.cramnas.failure_reason")
-        if state == "failed" and not (isinstance(reason, str) and reason):
+        if state == FAILED and not (isinstance(reason, str) and reason):
             problems.append(f"trial {number}: failed without a cramnas.failure_reason")
     for number in sorted(set(by_trial) - set(counted)):
         problems.append(f"MLflow trial run(s) for trial {number}, which the Optuna study does not count")
@@ -96,14 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     parser.add_argument("--storage", help="Optuna study storage (default: optuna.db beside a SQLite MLflow store)")
     args = parser.parse_args(argv)
-    from search.stores import existing_study
-    from search.tracking import check_store, existing_store
+    from search.stores import check_store, existing_store, existing_study
 
     try:
         storage = existing_study(args.study, args.tracking_uri, args.storage,
                                  "pass --tracking-uri/--storage as given to search.run")
         audit = audit_study(args.study, check_store(existing_store(args.tracking_uri)), storage, args.trials)
-    except ValueError as error:
+    except CramnasError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(audit.summary())

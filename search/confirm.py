@@ -1,27 +1,28 @@
 """`python -m search.confirm --study NAME --top 5 --seeds 3`: re-train a study's best
 architectures with new seeds, to tell a real winner from a lucky seed.
 
-The top `--top` complete trials by the study's objective (its probe score for `probe+throughput`;
-repeats and pruned trials do not compete) are crammed again, one after another in this process,
-each with `--seeds` seeds, under `--budget` (default: the study's) with the trial's own training
-settings, and probed as the study probed them (same tasks and limits, from the trial's
-`result.json`). Seed k (1, 2, ...) is `train.seed + 1000 + k`: never the original's, the same for
-every configuration, so the configurations meet the same draws of data order and masking. It seeds
-the probe's fine-tuning too: the interval covers the whole trial's noise, not pretraining's alone.
+The top `--top` complete trials by the study's objective (its ranking metric,
+`search.objectives`; repeats and pruned trials do not compete) are crammed again, one after
+another in this process, each with `--seeds` seeds, under `--budget` (default: the study's) with
+the trial's own training settings, and probed as the study probed them: the tasks and limits the
+study run recorded (`probe_tasks`, `probe_limits.*`). Seed k (1, 2, ...) is
+`train.seed + 1000 + k`: never the original's, the same for every candidate, so the candidates
+meet the same draws of data order and masking. It seeds the probe's fine-tuning too: the interval
+covers the whole trial's noise, not pretraining's alone.
 
-Each (configuration, seed) is one MLflow run in the study's experiment, nested under the study run
+Each (candidate, seed) is one MLflow run in the study's experiment, nested under the study run
 and tagged `cramnas.kind=confirmation` with `cramnas.confirmation_of` (the original trial run),
-`cramnas.original_trial`, `cramnas.seed` and `cramnas.status` (`search.tracking.confirmation_run`).
-A run that fails is recorded FAILED with its reason and the others go on. Running the same command
-again skips what completed (or failed: `--retry-failed` re-runs those) and re-does a run left
-KILLED or RUNNING, in the same MLflow run. The table at the end gives, per configuration, its
-original score and the confirmed mean with a 95% Student-t interval.
+`cramnas.original_trial`, `cramnas.seed` and `cramnas.state`
+(`search.tracking.StudyTracker.open_confirmation_run`). A run that fails is recorded FAILED with
+its reason and the others go on. Running the same command again skips what completed (or failed:
+`--retry-failed` re-runs those) and re-does a run left KILLED or RUNNING, in the same MLflow run.
+The table at the end gives, per candidate, its original score and the confirmed mean with a 95%
+Student-t interval.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import math
 import os
 import sys
@@ -29,16 +30,27 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from search.run import PROFILES, UsageError, default_profile, load_profile
+from search.objectives import DEFAULT_OBJECTIVE, Objective, objective_named
+from search.states import COMPLETE, FAILED
+from space.errors import CramnasError, UsageError
+from trainer.data_flags import add_data_arguments
+
+if TYPE_CHECKING:  # imported for real only once the flags are checked
+    from mlflow.entities import Run
+
+    from search.spec import Probe
+    from search.tracking import StudyTracker
+    from trainer.budget import Budget
+    from trainer.data import PretrainData
 
 SEED_OFFSET = 1000  # confirmation seeds start above the study's, far from any seed a user picks by hand
 
 
 @dataclass
-class Config:
-    """One configuration to confirm: an original trial and what it was trained with."""
+class Candidate:
+    """One trial to confirm: its rank in the study, its run and what it was trained with."""
 
     rank: int
     trial: int
@@ -47,7 +59,6 @@ class Config:
     arch: dict[str, Any]
     train: dict[str, Any]
     fingerprint: str | None
-    probe: dict[str, Any] | None  # {"tasks": [...], "limits": {...}} without the seed, or no probe
     data_fingerprint: str | None
 
     @property
@@ -59,24 +70,26 @@ class Config:
 
 
 @dataclass
-class Plan:
+class ConfirmPlan:
     study: str
-    tracker: Any  # search.tracking.StudyTracker
-    metric: str  # the trial metric ranked on (`validation_loss` or `probe_average`)
-    mode: str  # min or max
-    budget: Any  # trainer.budget.Budget
+    tracker: StudyTracker
+    objective: Objective  # the study's: candidates are ranked and confirmed by its rank_metric
+    budget: Budget
     seeds: list[int]
-    configs: list[Config]
-    data: dict[tuple[int, int], Any] = field(default_factory=dict)  # (vocab, seq) -> PretrainData
+    candidates: list[Candidate]
+    probe: Probe | None  # the study's probe, without the seed (each run's own); None: no probe
+    data: dict[tuple[int, int], PretrainData] = field(default_factory=dict)  # (vocab, seq) -> data
     retry_failed: bool = False
 
 
 @dataclass
-class Outcome:
-    config: Config
+class SeedOutcome:
+    """How one (candidate, seed) confirmation ended."""
+
+    candidate: Candidate
     seed: int
     run_id: str
-    state: str  # complete | failed
+    state: str  # search.states: complete or failed
     score: float | None
     reason: str | None = None
     earlier: bool = False  # a finished run of an earlier invocation, kept as it was
@@ -86,58 +99,63 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m search.confirm",
                                      description="Re-train a study's best architectures with new seeds.")
     parser.add_argument("--study", required=True, help="the study to confirm (its MLflow experiment)")
-    parser.add_argument("--top", type=int, default=5, help="configurations: the study's best complete trials")
-    parser.add_argument("--seeds", type=int, default=3, help="new seeds per configuration")
-    parser.add_argument("--budget", help="per-run budget: 60s, 5m, 2e7tokens ... (default: the study's)")
+    parser.add_argument("--top", type=int, default=5, help="candidates: the study's best complete trials")
+    parser.add_argument("--seeds", type=int, default=3, help="new seeds per candidate")
+    parser.add_argument("--budget", help="per-run budget: 60s, 5m, 2e7tokens, 1e15flops, cramming-day ... (default: the study's)")
     parser.add_argument("--tracking-uri", help="the MLflow store the search used "
                                                "(default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--data", help="local data directory, as given to search.run")
-    source.add_argument("--corpus", help="hub dataset id for pretraining, as given to search.run")
-    parser.add_argument("--cache-dir", help="token cache (default: $CRAMNAS_CACHE or ~/.cache/cramnas)")
+    add_data_arguments(parser, data_help="local data directory, as given to search.run")
     parser.add_argument("--retry-failed", action="store_true", help="re-run confirmations that failed before")
     return parser.parse_args(argv)
 
 
-def _param_value(text: str) -> Any:
-    """An MLflow param back to the value it was logged from (`str(value)`): `1e-12`, `True`,
-    `[0.9, 0.98]`, `None`; names such as `geglu` stay strings."""
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
+def study_objective(study_run: Run) -> Objective:
+    """The objective the study ran with (its study run's `cramnas.objective` tag)."""
+    return objective_named(study_run.data.tags.get("cramnas.objective", DEFAULT_OBJECTIVE), "--study")
 
 
-def _params(row: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """`params.arch.hidden` -> `{"hidden": 64}` from a `trial_runs` row (a param the run lacks is NaN there)."""
-    start = f"params.{prefix}."
-    return {key[len(start):]: _param_value(value) for key, value in row.items()
-            if key.startswith(start) and isinstance(value, str)}
+def study_probe(study_run: Run, data_dir: str | None) -> Probe | None:
+    """The probe the study ran (`probe_tasks`, `probe_limits.*` params of its study run) on
+    `data_dir`; None for a study without the probe."""
+    from search.params import params_under
+    from search.spec import Probe
 
-
-def _probe_spec(result: dict | None, study_tasks: str, data_dir: str | None) -> dict[str, Any] | None:
-    """What the study's probe ran, as `cram_and_probe` takes it (the seed is each run's own).
-
-    The trial's `result.json` holds the probe's exact settings; a run closed on resume without it
-    falls back to the study's tasks and the device profile's limits."""
-    if not study_tasks:
+    params = study_run.data.params
+    tasks = params.get("probe_tasks", "")
+    if not tasks:
         return None
-    probe = (result or {}).get("probe")
-    if probe:
-        settings = probe["settings"]
-        limits = {"max_train_examples": settings["max_train_examples"], "max_seconds_per_task": settings["max_seconds"],
-                  "epochs": settings["epochs"], "batch_size": settings["batch_size"], "lr": settings["lr"],
-                  "pooling": settings["pooling"]}
-        return {"tasks": list(probe["tasks"]), "limits": {**limits, "data_dir": data_dir}}
-    profile = load_profile(PROFILES / f"{default_profile()}.yaml")
-    return {"tasks": study_tasks.split(","), "limits": {**profile["probe"]["limits"], "data_dir": data_dir}}
+    limits = params_under(params, "probe_limits")
+    if not limits:
+        raise UsageError(f"--study: study {study_run.info.run_name!r} recorded its probe tasks but not its "
+                         "probe limits (a study from before they were recorded); re-run it to confirm it")
+    return Probe(tuple(tasks.split(",")), {**limits, "data_dir": data_dir})
 
 
-def make_plan(args: argparse.Namespace) -> Plan:
-    """Check every input, pick the configurations and prepare the data; raises UsageError (or a
-    library's one-line ValueError) before any training."""
-    from search.export import RANKINGS
-    from search.tracking import StudyTracker, check_store, existing_store
+def pick_candidates(tracker: StudyTracker, objective: Objective, top: int) -> list[Candidate]:
+    """The `top` best complete trials by the objective, as candidates (fewer when there are fewer)."""
+    from search.params import params_under
+
+    study_train = params_under(tracker.study_run().data.params, "train")
+    candidates = []
+    for rank, row in enumerate(tracker.top_trial_runs(objective, top), start=1):
+        result = tracker.read_artifact(row["run_id"], "result.json")
+        arch = tracker.read_artifact(row["run_id"], "arch.yaml") or params_under(row, "arch")
+        if not arch:
+            raise UsageError(f"--study: trial {row['trial']} (run {row['run_id']}) recorded no architecture "
+                             "(no arch.yaml, no arch.* params); lower --top to leave it out")
+        fingerprint = row.get("tags.cramnas.fingerprint")
+        candidates.append(Candidate(
+            rank, int(row["trial"]), row["run_id"], float(row[f"metrics.{objective.rank_metric}"]), arch,
+            params_under(row, "train") or study_train, fingerprint if isinstance(fingerprint, str) else None,
+            ((result or {}).get("cram") or {}).get("data_fingerprint")))
+    return candidates
+
+
+def make_plan(args: argparse.Namespace) -> ConfirmPlan:
+    """Check every input, pick the candidates and prepare the data; raises a CramnasError (one
+    line) before any training."""
+    from search.stores import check_store, existing_store
+    from search.tracking import StudyTracker
     from trainer.budget import Budget
 
     if args.top < 1:
@@ -151,70 +169,59 @@ def make_plan(args: argparse.Namespace) -> Plan:
         raise UsageError(f"--study: no study {args.study!r} in MLflow at {uri}; "
                          "pass the study name search.run printed and the --tracking-uri it used")
     study_run = tracker.study_run()
-    objective = study_run.data.tags.get("cramnas.objective", "probe")
-    metric, mode = RANKINGS["mlm" if objective == "mlm" else "probe"]
+    objective = study_objective(study_run)
+    metric = objective.rank_metric
     if budget is None:
         if "budget" not in study_run.data.params:
             raise UsageError(f"--budget: study {args.study!r} recorded no budget; pass one, e.g. --budget 60s")
         budget = Budget.parse(study_run.data.params["budget"])
-    top = tracker.top_trial_runs(metric, mode, args.top)
-    if not top:
+    probe = study_probe(study_run, args.data)
+    candidates = pick_candidates(tracker, objective, args.top)
+    if not candidates:
         raise UsageError(f"--study: {args.study!r} has no complete trial with {metric} to confirm; "
                          f"run more trials (python -m search.run --study {args.study} --resume --trials N)")
-    if len(top) < args.top:
-        print(f"note: study {args.study} has {len(top)} complete trials with {metric}; confirming those")
-
-    study_train = _params({f"params.{k}": v for k, v in study_run.data.params.items()}, "train")
-    study_tasks = study_run.data.params.get("probe_tasks", "")
-    configs = []
-    for rank, row in enumerate(top, start=1):
-        result = tracker.read_artifact(row["run_id"], "result.json")
-        arch = tracker.read_artifact(row["run_id"], "arch.yaml") or _params(row, "arch")
-        if not arch:
-            raise UsageError(f"--study: trial {row['trial']} (run {row['run_id']}) recorded no architecture "
-                             "(no arch.yaml, no arch.* params); lower --top to leave it out")
-        fingerprint = row.get("tags.cramnas.fingerprint")
-        configs.append(Config(
-            rank, int(row["trial"]), row["run_id"], float(row[f"metrics.{metric}"]), arch,
-            _params(row, "train") or study_train, fingerprint if isinstance(fingerprint, str) else None,
-            _probe_spec(result, study_tasks, args.data), ((result or {}).get("cram") or {}).get("data_fingerprint")))
+    if len(candidates) < args.top:
+        print(f"note: study {args.study} has {len(candidates)} complete trials with {metric}; confirming those")
     # Imported only now (torch, datasets: seconds), so that a wrong study name fails fast.
-    from glue.data import resolve_tasks
-    from trainer.data import CorpusSource, prepare_data
+    import torch
 
-    tasks = sorted({task for config in configs if config.probe for task in config.probe["tasks"]})
-    if tasks:
-        resolve_tasks(",".join(tasks), args.data)  # every task present, or one clear error
-    base_seed = int(configs[0].train.get("seed", 0))
+    from glue.data import resolve_tasks
+    from trainer.data import CorpusSource, prepare_data, tokens_to_prepare
+
+    if probe is not None:
+        resolve_tasks(",".join(probe.tasks), args.data)  # every task present, or one clear error
+    base_seed = int(candidates[0].train.get("seed", 0))
     seeds = [base_seed + SEED_OFFSET + k for k in range(1, args.seeds + 1)]
 
-    plan = Plan(args.study, tracker, metric, mode, budget, seeds, configs, retry_failed=args.retry_failed)
-    source = CorpusSource.from_args(data_dir=args.data, corpus=args.corpus)
-    for vocab, seq in sorted({config.data_shape for config in configs}):
-        plan.data[vocab, seq] = prepare_data(source, vocab_size=vocab, seq_len=seq, cache_dir=args.cache_dir)
-    for config in configs:
-        prepared = plan.data[config.data_shape].fingerprint
-        if config.data_fingerprint and config.data_fingerprint != prepared:
-            print(f"warning: trial {config.trial} was trained on other data (fingerprint {config.data_fingerprint}, "
-                  f"here {prepared}); pass the --data or --corpus the search used")
+    plan = ConfirmPlan(args.study, tracker, objective, budget, seeds, candidates, probe,
+                       retry_failed=args.retry_failed)
+    source = CorpusSource.from_args(data_dir=args.data, corpus=args.corpus, gpu=torch.cuda.is_available())
+    for vocab, seq in sorted({candidate.data_shape for candidate in candidates}):
+        plan.data[vocab, seq] = prepare_data(source, vocab_size=vocab, seq_len=seq, cache_dir=args.cache_dir,
+                                             max_tokens=tokens_to_prepare(source, budget))
+    for candidate in candidates:
+        prepared = plan.data[candidate.data_shape].fingerprint
+        if candidate.data_fingerprint and candidate.data_fingerprint != prepared:
+            print(f"warning: trial {candidate.trial} was trained on other data (fingerprint "
+                  f"{candidate.data_fingerprint}, here {prepared}); pass the --data or --corpus the search used")
     return plan
 
 
-def confirm_one(plan: Plan, config: Config, index: int, seed: int) -> Outcome:
-    """Cram and probe one (configuration, seed) in its MLflow run, or reuse the run that did."""
-    tracker, budget = plan.tracker, plan.budget
-    done = tracker.find_confirmation_run(config.run_id, seed, budget.text)
-    label = f"trial {config.trial} seed {seed}"
+def confirm_one(plan: ConfirmPlan, candidate: Candidate, index: int, seed: int) -> SeedOutcome:
+    """Cram and probe one (candidate, seed) in its MLflow run, or reuse the run that did."""
+    tracker, budget, metric = plan.tracker, plan.budget, plan.objective.rank_metric
+    done = tracker.find_confirmation_run(candidate.run_id, seed, budget.text)
+    label = f"trial {candidate.trial} seed {seed}"
     if done is not None and done.info.status == "FINISHED":
         print(f"{label}: complete before (run {done.info.run_id}), skipped")
-        return Outcome(config, seed, done.info.run_id, "complete", done.data.metrics.get(plan.metric), earlier=True)
+        return SeedOutcome(candidate, seed, done.info.run_id, COMPLETE, done.data.metrics.get(metric), earlier=True)
     if done is not None and done.info.status == "FAILED" and not plan.retry_failed:
         reason = done.data.tags.get("cramnas.failure_reason")
         print(f"{label}: failed before (run {done.info.run_id}: {reason}), kept; --retry-failed re-runs it")
-        return Outcome(config, seed, done.info.run_id, "failed", None, reason, earlier=True)
-    train = {**config.train, "seed": seed}
-    run_id = tracker.confirmation_run(config.run_id, config.trial, seed, index, config.arch, train, budget.text,
-                                      config.fingerprint)
+        return SeedOutcome(candidate, seed, done.info.run_id, FAILED, None, reason, earlier=True)
+    train = {**candidate.train, "seed": seed}
+    run_id = tracker.open_confirmation_run(candidate.run_id, candidate.trial, seed, index, candidate.arch, train,
+                                           budget.text, candidate.fingerprint)
     print(f"{label}: {'re-doing' if done is not None else 'cramming'} under {budget.text} (run {run_id}) ...",
           flush=True)
     started = time.perf_counter()
@@ -224,99 +231,92 @@ def confirm_one(plan: Plan, config: Config, index: int, seed: int) -> Outcome:
         from space.arch import ArchConfig
         from trainer.config import TrainConfig
 
-        probe = None if config.probe is None else {**config.probe, "limits": {**config.probe["limits"], "seed": seed}}
-        cram, probe_result = cram_and_probe(ArchConfig.from_dict(config.arch), TrainConfig.from_dict(train),
-                                            plan.data[config.data_shape], budget, probe)
+        probe = None if plan.probe is None else plan.probe.with_seed(seed)
+        cram, probe_result = cram_and_probe(ArchConfig.from_dict(candidate.arch), TrainConfig.from_dict(train),
+                                            plan.data[candidate.data_shape], budget, probe)
         metrics = trial_metrics(cram, probe_result)
         broken = sorted(name for name, value in metrics.items() if not math.isfinite(value))
         if broken:  # e.g. a loss that diverged only on the held-out data
             raise FloatingPointError(f"non-finite {', '.join(broken)}")
     except KeyboardInterrupt:
-        tracker.finish_trial(run_id, "KILLED", {}, {"status": "failed", "failure_reason": "interrupted (Ctrl-C)"})
+        tracker.finish_run(run_id, FAILED, reason="interrupted (Ctrl-C)", cut_short=True)
         raise
     except Exception as error:  # noqa: BLE001 - any failure is this run's, recorded with its reason
         reason = f"{type(error).__name__}: {error}"[:2000]
-        tracker.finish_trial(run_id, "FAILED", {"seconds": time.perf_counter() - started},
-                             {"status": "failed", "failure_reason": reason},
-                             {"arch.yaml": config.arch, "traceback.txt": traceback.format_exc()[-4000:]})
+        tracker.finish_run(run_id, FAILED, {"seconds": time.perf_counter() - started}, reason=reason,
+                           artifacts={"arch.yaml": candidate.arch, "traceback.txt": traceback.format_exc()[-4000:]})
         print(f"{label}: failed: {reason}")
-        return Outcome(config, seed, run_id, "failed", None, reason)
-    tracker.finish_trial(run_id, "FINISHED", metrics, {"status": "complete"},
-                         {"arch.yaml": config.arch, "result.json": {"cram": cram, "probe": probe_result}},
-                         loss_curve=cram["loss_curve"])
-    print(f"{label}: {plan.metric} {metrics[plan.metric]:.4f} in {time.perf_counter() - started:.1f} s")
-    return Outcome(config, seed, run_id, "complete", metrics[plan.metric])
+        return SeedOutcome(candidate, seed, run_id, FAILED, None, reason)
+    tracker.finish_run(run_id, COMPLETE, metrics,
+                       artifacts={"arch.yaml": candidate.arch, "result.json": {"cram": cram, "probe": probe_result}},
+                       loss_curve=cram["loss_curve"])
+    print(f"{label}: {metric} {metrics[metric]:.4f} in {time.perf_counter() - started:.1f} s; validation loss "
+          f"{metrics['validation_loss']:.4f}, {metrics['nats_below_unigram']:+.4f} nats below the unigram floor "
+          f"{metrics['unigram_floor']:.4f}")
+    return SeedOutcome(candidate, seed, run_id, COMPLETE, metrics[metric])
 
 
-def mean_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float | None]:
-    """Mean and the half-width of its Student-t confidence interval (None for a single value)."""
-    from scipy import stats
-
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, None
-    sem = stats.sem(values)
-    if sem == 0:
-        return mean, 0.0
-    low, high = stats.t.interval(confidence, len(values) - 1, loc=mean, scale=sem)
-    return mean, (high - low) / 2
-
-
-def print_table(plan: Plan, outcomes: list[Outcome]) -> None:
+def print_table(plan: ConfirmPlan, outcomes: list[SeedOutcome]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from search.view import describe
-    from space.arch import ArchConfig
+    from search.stats import mean_interval
+    from space.arch import ArchConfig, ArchError
 
+    objective = plan.objective
     table = Table(title=f"confirmation of study {plan.study} under {plan.budget.text}, seeds "
-                        f"{', '.join(map(str, plan.seeds))}: {plan.metric} "
-                        f"({'lower' if plan.mode == 'min' else 'higher'} is better)")
+                        f"{', '.join(map(str, plan.seeds))}: {objective.rank_metric} "
+                        f"({'higher' if objective.higher_is_better else 'lower'} is better)")
     for column in ("rank", "trial", "architecture", "original", "confirmed (95% CI)", "n", "failed", "rank now"):
         table.add_column(column, no_wrap=column != "architecture")
     summaries = []
-    for config in plan.configs:
-        scores = [o.score for o in outcomes if o.config is config and o.score is not None]
-        failed = sum(o.config is config and o.state == "failed" for o in outcomes)
-        summaries.append((config, mean_interval(scores) if scores else None, len(scores), failed))
-    sign = 1.0 if plan.mode == "min" else -1.0
-    ranked = sorted((s for s in summaries if s[1] is not None), key=lambda s: sign * s[1][0])
+    for candidate in plan.candidates:
+        scores = [o.score for o in outcomes if o.candidate is candidate and o.score is not None]
+        failed = sum(o.candidate is candidate and o.state == FAILED for o in outcomes)
+        summaries.append((candidate, mean_interval(scores) if scores else None, len(scores), failed))
+    ranked = sorted((s for s in summaries if s[1] is not None), key=lambda s: objective.sort_key(s[1][0]))
     rank_now = {id(s[0]): position for position, s in enumerate(ranked, start=1)}
-    for config, summary, n, failed in summaries:
+    for candidate, summary, n, failed in summaries:
         if summary is None:
             confirmed = "-"
         else:
             mean, half = summary
             confirmed = f"{mean:.4f}" + (f" ± {half:.4f}" if half is not None else " (one seed)")
-        # Defaults first: an arch read back from params may leave a field out.
-        architecture = describe({**ArchConfig().to_dict(), **config.arch})
-        table.add_row(str(config.rank), str(config.trial), architecture, f"{config.score:.4f}", confirmed,
-                      str(n), str(failed), str(rank_now.get(id(config), "-")))
+        try:  # defaults first: an arch read back from params may leave a field out
+            architecture = ArchConfig.from_dict({**ArchConfig().to_dict(), **candidate.arch}).describe()
+        except ArchError as error:  # a trial of an impossible architecture (it failed, as its confirmations do)
+            architecture = f"invalid: {error}"
+        table.add_row(str(candidate.rank), str(candidate.trial), architecture, f"{candidate.score:.4f}", confirmed,
+                      str(n), str(failed), str(rank_now.get(id(candidate), "-")))
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per small YAML file is noise
-    # As in search.run: search.tracking.Retry retries a tracking server that is away, not MLflow's
+    # As in search.run: search.retry.Retry retries a tracking server that is away, not MLflow's
     # own HTTP retries, which take minutes per call.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-    from search.tracking import TrackingError
+    from mlflow.exceptions import MlflowException
+
+    from search.retry import TrackingError
 
     try:
         plan = make_plan(args)
-    except ValueError as error:  # every cramnas user error (and MLflow's tracking errors) is one
+    # Every cramnas user error, and MLflow's own for a store it cannot read (a wrong URI).
+    except (CramnasError, MlflowException) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    total = len(plan.configs) * len(plan.seeds)
-    print(f"study {plan.study}: confirming the top {len(plan.configs)} by {plan.metric} with seeds "
-          f"{', '.join(map(str, plan.seeds))} under {plan.budget.text}: {total} run(s); MLflow {plan.tracker.uri}")
+    total = len(plan.candidates) * len(plan.seeds)
+    print(f"study {plan.study}: confirming the top {len(plan.candidates)} by {plan.objective.rank_metric} with "
+          f"seeds {', '.join(map(str, plan.seeds))} under {plan.budget.text}: {total} run(s); "
+          f"MLflow {plan.tracker.uri}")
     outcomes = []
     try:
-        for config in plan.configs:
+        for candidate in plan.candidates:
             for index, seed in enumerate(plan.seeds, start=1):
-                outcomes.append(confirm_one(plan, config, index, seed))
+                outcomes.append(confirm_one(plan, candidate, index, seed))
     except KeyboardInterrupt:
         print(f"interrupted: the run in flight is marked KILLED; run the same command again to finish "
               f"({len(outcomes)} of {total} done are kept)")
@@ -327,9 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print_table(plan, outcomes)
     counts = Counter((o.state, o.earlier) for o in outcomes)
-    print(f"{total} confirmation run(s): {counts['complete', False]} complete now, "
-          f"{counts['failed', False]} failed now, {counts['complete', True]} complete before "
-          f"(skipped), {counts['failed', True]} failed before (kept)")
+    print(f"{total} confirmation run(s): {counts[COMPLETE, False]} complete now, "
+          f"{counts[FAILED, False]} failed now, {counts[COMPLETE, True]} complete before "
+          f"(skipped), {counts[FAILED, True]} failed before (kept)")
     return 0
 
 

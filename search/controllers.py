@@ -10,6 +10,8 @@ lookup and the study's storage is the one persistent record of the search:
     else:
         tell(study, proposal.number, OBJECTIVES["probe"].values(metrics), intermediate=curve)
 
+(`OBJECTIVES` is `search.objectives`'; the state names `tell` takes are `search.states`'.)
+
 Resume is `open_study(..., resume=True)` then `fail_stale_running(study)`: samplers rebuild from the
 stored trials, and `RegularizedEvolutionSampler` keeps no state beyond them, so it continues
 exactly. Storage is an Optuna URL (default SQLite next to MLflow's `mlflow.db`) or any Optuna
@@ -32,12 +34,14 @@ from optuna.storages import BaseStorage
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from search.objectives import OBJECTIVES
+from search.states import COMPLETE, FAILED, FINISHED_STATES, REPEAT, STATES, state_of_trial
 from space import ArchConfig, OptunaDraws, SearchSpace, mutate
+from space.errors import CramnasError
 
 __all__ = [
-    "CONTROLLERS", "DEFAULT_STORAGE", "OBJECTIVES", "Controller", "Objective", "Proposal",
-    "RegularizedEvolutionSampler", "STATE_NAMES", "ask", "fail_stale_running", "make_sampler", "open_study",
-    "study_counts", "tell",
+    "CONTROLLERS", "DEFAULT_STORAGE", "Controller", "Proposal", "RegularizedEvolutionSampler", "ask",
+    "fail_stale_running", "make_sampler", "open_study", "study_counts", "tell",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -55,38 +59,6 @@ DEFAULT_STORAGE = "sqlite:///optuna.db"
 POPULATION_SIZE = 20
 # Real et al. (2019) sampled S=25 of P=100; keep their ratio.
 TOURNAMENT_SIZE = 5
-
-
-# ---- objectives -------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Objective:
-    """What a study optimises: trial metrics by key, one direction each."""
-
-    name: str
-    metrics: tuple[str, ...]
-    directions: tuple[str, ...]
-
-    @property
-    def multi(self) -> bool:
-        return len(self.directions) > 1
-
-    def values(self, metrics: dict[str, Any]) -> list[float]:
-        missing = [key for key in self.metrics if key not in metrics]
-        if missing:
-            raise ValueError(f"objective {self.name}: the trial reported no {', '.join(missing)} "
-                             f"(it reported {', '.join(sorted(metrics)) or 'nothing'})")
-        return [float(metrics[key]) for key in self.metrics]
-
-
-# Metric keys: `validation_loss` and `tokens_per_s` as trainer.cram.CramResult names them,
-# `probe_average` for glue's ProbeResult.average.
-OBJECTIVES: dict[str, Objective] = {
-    "probe": Objective("probe", ("probe_average",), ("maximize",)),
-    "mlm": Objective("mlm", ("validation_loss",), ("minimize",)),
-    "probe+throughput": Objective("probe+throughput", ("probe_average", "tokens_per_s"),
-                                  ("maximize", "maximize")),
-}
 
 
 # ---- regularized evolution --------------------------------------------------------------------
@@ -216,14 +188,14 @@ CONTROLLERS: dict[str, Controller] = {
 
 
 def make_sampler(controller: str, objective: str, space: SearchSpace, seed: int | None) -> BaseSampler:
-    """The sampler of `controller` for `objective`; a one-line ValueError names what is allowed."""
+    """The sampler of `controller` for `objective`; a one-line CramnasError names what is allowed."""
     if controller not in CONTROLLERS:
-        raise ValueError(f"--controller: unknown {controller!r}; allowed: {', '.join(CONTROLLERS)}")
+        raise CramnasError(f"--controller: unknown {controller!r}; allowed: {', '.join(CONTROLLERS)}")
     if objective not in OBJECTIVES:
-        raise ValueError(f"--objective: unknown {objective!r}; allowed: {', '.join(OBJECTIVES)}")
+        raise CramnasError(f"--objective: unknown {objective!r}; allowed: {', '.join(OBJECTIVES)}")
     if OBJECTIVES[objective].multi and not CONTROLLERS[controller].multi_objective:
         allowed = [name for name, c in CONTROLLERS.items() if c.multi_objective]
-        raise ValueError(f"--objective {objective} has {len(OBJECTIVES[objective].directions)} objectives, "
+        raise CramnasError(f"--objective {objective} has {len(OBJECTIVES[objective].directions)} objectives, "
                          f"which --controller {controller} cannot optimise; use --controller "
                          f"{' | '.join(allowed)} or a single --objective")
     return CONTROLLERS[controller].make(space, seed)
@@ -240,19 +212,19 @@ def open_study(name: str, storage: str | BaseStorage | None, controller: str, ob
     exists = storage is not None and name in optuna.study.get_all_study_names(storage)
     if not resume:
         if exists:
-            raise ValueError(f"study {name} exists in {where}; pass --resume or choose another --study")
+            raise CramnasError(f"study {name} exists in {where}; pass --resume or choose another --study")
         study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
                                     directions=list(OBJECTIVES[objective].directions))
         for key, value in settings.items():
             study.set_user_attr(key, value)
         return study
     if not exists:
-        raise ValueError(f"study {name} not found in {where}; drop --resume to start it")
+        raise CramnasError(f"study {name} not found in {where}; drop --resume to start it")
     study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     stored = study.user_attrs
     for key, value in settings.items():
         if stored.get(key) != value:
-            raise ValueError(f"study {name} was created with --{key} {stored.get(key)}, not {value}; "
+            raise CramnasError(f"study {name} was created with --{key} {stored.get(key)}, not {value}; "
                              f"resume it with --{key} {stored.get(key)} or choose another --study")
     return study
 
@@ -264,6 +236,7 @@ class Proposal:
 
     number: int
     config: ArchConfig
+    fingerprint: str  # config.fingerprint(), computed once here
     parent_trial: int | None = None
     mutation: str | None = None
     generation: int | None = None
@@ -285,26 +258,21 @@ def ask(study: optuna.Study, space: SearchSpace) -> Proposal:
         trial.set_user_attr("repeat_of", original)
     # Re-read: samplers (evolution) write their attributes through the storage in before_trial.
     attrs = _trial(study, trial.number).user_attrs
-    return Proposal(trial.number, config, attrs.get("parent_trial"), attrs.get("mutation"),
+    return Proposal(trial.number, config, fingerprint, attrs.get("parent_trial"), attrs.get("mutation"),
                     attrs.get("generation"), original)
 
 
-# What cramnas calls the trial states it uses (study_counts, search.audit, search.study.reconcile).
-STATE_NAMES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
-               TrialState.RUNNING: "running"}
-_STATES = {name: state for state, name in STATE_NAMES.items() if state.is_finished()}  # the states tell takes
-
-
 def tell(study: optuna.Study, trial_number: int, values: Sequence[float] | None = None,
-         state: str = "complete", reason: str | None = None,
+         state: str = COMPLETE, reason: str | None = None,
          intermediate: Sequence[tuple[int, float]] | None = None,
          metrics: dict[str, float] | None = None) -> FrozenTrial:
-    """Finish a trial: `values` for complete ones, `reason` (user attribute `failure_reason`) for
-    the others, `intermediate` the (step, train MLM loss) curve, `metrics` every number the trial
-    reported (user attribute `metrics`). Telling a finished trial is a no-op, so a driver may
-    safely retry after a crash."""
-    if state not in _STATES:
-        raise ValueError(f"state: unknown {state!r}; allowed: {', '.join(_STATES)}")
+    """Finish a trial in `state` (`search.states`: complete, repeat, pruned or failed): `values` for
+    complete ones and repeats, `reason` (user attribute `failure_reason`) for the others,
+    `intermediate` the (step, train MLM loss) curve, `metrics` every number the trial reported
+    (user attribute `metrics`). Telling a finished trial is a no-op, so a driver may safely retry
+    after a crash."""
+    if state not in FINISHED_STATES:
+        raise ValueError(f"state: unknown {state!r}; allowed: {', '.join(FINISHED_STATES)}")
     trial = _trial(study, trial_number)
     if trial.state.is_finished():
         return trial
@@ -322,15 +290,17 @@ def tell(study: optuna.Study, trial_number: int, values: Sequence[float] | None 
             for step, value in curve:
                 study._storage.set_trial_intermediate_value(trial._trial_id, step, value)
     told = None if values is None else list(values)
-    return study.tell(trial_number, told, state=_STATES[state], skip_if_finished=True)
+    return study.tell(trial_number, told, state=STATES[state].trial_state, skip_if_finished=True)
 
 
 def study_counts(study: optuna.Study) -> dict[str, int]:
-    """Trials by state; infeasible draws (PRUNED with user attribute `infeasible`) count apart."""
-    counts = dict.fromkeys((*STATE_NAMES.values(), "infeasible"), 0)
-    for trial in study.get_trials(deepcopy=False, states=tuple(STATE_NAMES)):
+    """Trials by state; infeasible draws (PRUNED with user attribute `infeasible`) count apart, and
+    repeats count as complete: each is one of the study's trials, with a result."""
+    counts = dict.fromkeys((*(name for name in STATES if name != REPEAT), "infeasible"), 0)
+    for trial in study.get_trials(deepcopy=False, states=tuple({row.trial_state for row in STATES.values()})):
+        state = state_of_trial(trial)
         infeasible = trial.state == TrialState.PRUNED and "infeasible" in trial.user_attrs
-        counts["infeasible" if infeasible else STATE_NAMES[trial.state]] += 1
+        counts["infeasible" if infeasible else COMPLETE if state == REPEAT else state] += 1
     return counts
 
 
@@ -339,7 +309,7 @@ def fail_stale_running(study: optuna.Study) -> list[int]:
     trial is stale). Returns their numbers."""
     stale = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
     for number in stale:
-        tell(study, number, state="failed", reason="driver died")
+        tell(study, number, state=FAILED, reason="driver died")
     return stale
 
 

@@ -15,28 +15,37 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+from space.errors import CramnasError, UsageError
+from trainer.data_flags import add_data_arguments
+
+if TYPE_CHECKING:  # imported for real only after the flags are checked (torch, Ray, Optuna: seconds)
+    import optuna
+
+    from search.objectives import Objective
+    from search.spec import TrialSpec
+    from space.search_space import SearchSpace
+    from trainer.budget import Budget
+    from trainer.data import PretrainData
 
 PROFILES = Path(__file__).parent / "profiles"
 CONFIGS = Path(__file__).resolve().parents[1] / "trainer" / "configs"
 SPACES = Path(__file__).resolve().parents[1] / "space" / "spaces"
 
 
-class UsageError(ValueError):
-    """A user error found before any trial or training (search.run, search.confirm): printed as one
-    line, exit code 2."""
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from search.controllers import CONTROLLERS, OBJECTIVES
+    from search.controllers import CONTROLLERS
+    from search.objectives import OBJECTIVES
 
     parser = argparse.ArgumentParser(prog="python -m search.run", description="Search crammed BERT architectures.")
     parser.add_argument("--trials", type=int, default=200, help="trials in the study, in total (resume included)")
     parser.add_argument("--controller", default="tpe", choices=sorted(CONTROLLERS))
     parser.add_argument("--space", help="search-space YAML (default: the device profile's)")
-    parser.add_argument("--budget", help="per-trial budget: 60s, 5m, 2e7tokens ... (default: the profile's)")
+    parser.add_argument("--budget", help="per-trial budget: 60s, 5m, 2e7tokens, 1e15flops, cramming-day ... "
+                        "(default: the profile's)")
     parser.add_argument("--objective", choices=sorted(OBJECTIVES), help="default: the profile's (cpu: mlm, gpu: probe)")
     parser.add_argument("--study", help="study name (default: generated and printed)")
     parser.add_argument("--resume", action="store_true", help="continue --study to --trials")
@@ -46,10 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--address", help="join a Ray cluster: auto or HOST:PORT (default: start Ray locally)")
     parser.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     parser.add_argument("--storage", help="Optuna study storage (default: optuna.db beside a SQLite MLflow store)")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--data", help="local data directory (pretrain corpus and GLUE tasks)")
-    source.add_argument("--corpus", help="hub dataset id for pretraining (GLUE then comes from the hub too)")
-    parser.add_argument("--cache-dir", help="token cache (default: $CRAMNAS_CACHE or ~/.cache/cramnas)")
+    add_data_arguments(parser)
     parser.add_argument("--no-early-stop", action="store_true", help="no ASHA: every trial runs its full budget")
     parser.add_argument("--no-probe", action="store_true", help="skip the GLUE probe (objective mlm only)")
     parser.add_argument("--save-checkpoints", action="store_true",
@@ -61,26 +67,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 @dataclass
-class Plan:
+class StudyPlan:
     """Everything a study needs, checked: built before Ray starts."""
 
     study: str
-    optuna_study: Any
+    optuna_study: optuna.Study
     resume: bool
     trials: int
     controller: str
-    objective: Any
-    space: Any
+    objective: Objective
+    space: SearchSpace
     space_path: Path
-    budget: Any
-    template: dict[str, Any]  # the spec every trial gets, plus its own arch
+    budget: Budget
+    template: TrialSpec  # what every trial gets, before its own arch (`TrialSpec.for_trial`)
     resources: dict[str, float]
-    max_concurrent: int
+    max_concurrent: int | None  # --max-concurrent; None: as many as the resources allow (search.study)
     early_stop: dict[str, Any] | None
     tracking_uri: str
     storage: str
     address: str | None
     seed: int
+    # The prepared data's validation loss of predicting from token frequencies alone (trainer/unigram.py):
+    # what every trial's loss is read against. None only for a plan built without data.
+    unigram_floor: float | None = None
 
 
 def _beside(profile: Path, name: str, default_dir: Path) -> Path:
@@ -140,11 +149,28 @@ def check_local_resources(resources: dict[str, float]) -> None:
                              "cluster with --address")
 
 
+def repeat_warning_for_study(budget: Budget, space: SearchSpace, mlm_rate: float, data: PretrainData) -> str | None:
+    """One line when a trial's budget would read the prepared corpus more than once (every trial
+    reads it in the same order from the start). A FLOP budget gives the most tokens to the
+    cheapest architecture: judged on the cheapest of 64 random draws. A wall-clock budget's tokens
+    depend on each trial's speed: `trainer.cram` measures and warns per run, the study does not."""
+    import random
+
+    from trainer.epochs import corpus_tokens, repeat_warning
+
+    if budget.kind == "seconds":
+        return None
+    rng = random.Random(0)
+    cheapest = min(space.sample_random(rng).flops_per_token(data.seq_len, mlm_rate) for _ in range(64))
+    warning = repeat_warning(budget, corpus_tokens(data), cheapest)
+    return None if warning is None else f"{warning} (per trial)"
+
+
 def check_storage(storage: str) -> str:
     """Open the Optuna storage now: a bad URL fails before the data is prepared, in one line."""
     import optuna
 
-    from search.tracking import first_line
+    from search.retry import first_line
 
     try:
         optuna.storages.get_storage(storage)
@@ -154,12 +180,14 @@ def check_storage(storage: str) -> str:
     return storage
 
 
-def make_plan(args: argparse.Namespace) -> Plan:
+def make_plan(args: argparse.Namespace) -> StudyPlan:
     """Check every input and prepare the data; raises UsageError (or a library's one-line error).
 
     Cheapest first: flags, profile, space, budget and training settings are checked before torch,
     datasets or MLflow are even imported, so a typo fails in a second; the data is prepared last."""
     from search import controllers
+    from search.objectives import OBJECTIVES
+    from search.spec import Probe, TrialSpec
     from space import load_space
     from trainer.budget import Budget
     from trainer.config import TrainConfig, load_run_config
@@ -185,7 +213,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         raise UsageError(f"--profile: {args.profile!r} is neither cpu, gpu nor an existing profile YAML")
     profile = load_profile(profile_path)
     args.objective = args.objective or profile.get("objective", "probe")
-    objective = controllers.OBJECTIVES[args.objective]
+    objective = OBJECTIVES[args.objective]
     if args.no_probe and "probe" in args.objective:
         raise UsageError(f"--no-probe: the objective {args.objective!r} needs the probe; use --objective mlm")
 
@@ -201,14 +229,15 @@ def make_plan(args: argparse.Namespace) -> Plan:
         check_local_resources(resources)
 
     from glue.data import resolve_tasks, why_unavailable
-    from search.stores import checkpoint_dir, study_storage
-    from search.tracking import check_store
-    from trainer.data import CorpusSource, prepare_data
+    from search.stores import check_store, checkpoint_dir, study_storage
+    from trainer.corpus import CorpusSource
+    from trainer.data import prepare_data, tokens_to_prepare
 
     if args.data:  # Ray workers run in another working directory: give them the absolute path
         args.data = str(Path(args.data).resolve())
-    corpus = {"data_dir": args.data, "corpus": args.corpus}
-    source = CorpusSource.from_args(**corpus)  # files found (or a hub id taken) now; read and tokenised below
+    # Files found (or a hub id taken) now; read and tokenised below.
+    # Without --data or --corpus, GPU trials stream a corpus they cannot exhaust (trainer/corpus.py).
+    source = CorpusSource.from_args(data_dir=args.data, corpus=args.corpus, gpu=resources["gpu"] > 0)
     probe = None
     if not args.no_probe:
         spec = profile["probe"]["tasks"]  # names checked here, their files below (one line naming the profile)
@@ -218,13 +247,18 @@ def make_plan(args: argparse.Namespace) -> Plan:
             if reason is not None:
                 raise UsageError(f"--data: the probe's GLUE task {task.name} ({profile_path.name}: probe.tasks): "
                                  f"{reason}; add it, drop it from probe.tasks, or pass --no-probe --objective mlm")
-        probe = {"tasks": [task.name for task in tasks], "limits": {**profile["probe"]["limits"], "data_dir": args.data}}
+        probe = Probe(tuple(task.name for task in tasks), {**profile["probe"]["limits"], "data_dir": args.data})
 
     tracking_uri = check_store(args.tracking_uri)  # $MLFLOW_TRACKING_URI or sqlite:///mlflow.db by default
     storage = check_storage(study_storage(tracking_uri, args.storage))
     fixed = space.fixed
     data = prepare_data(source, vocab_size=fixed.get("vocab_size", 32768),
-                        seq_len=fixed.get("max_seq_len", 128), cache_dir=args.cache_dir)
+                        seq_len=fixed.get("max_seq_len", 128), cache_dir=args.cache_dir,
+                        max_tokens=tokens_to_prepare(source, budget))
+
+    warning = repeat_warning_for_study(budget, space, train.mlm_rate, data)
+    if warning is not None:
+        print(warning, file=sys.stderr)
 
     study = args.study or f"cramnas-{args.controller}-{time.strftime('%Y%m%d-%H%M%S')}"
     checkpoints = None
@@ -235,23 +269,21 @@ def make_plan(args: argparse.Namespace) -> Plan:
         except OSError as error:
             raise UsageError(f"--save-checkpoints: cannot create {checkpoints} ({error.strerror}); "
                              "run from a writable directory or pass --tracking-uri sqlite:///<writable>/mlflow.db") from None
-    template = {"train": train.to_dict(), "budget": budget.text, "corpus": corpus, "probe": probe,
-                "cache_dir": str(Path(args.cache_dir).resolve()) if args.cache_dir else None,
-                "data_fingerprint": data.fingerprint,
-                "checkpoint_dir": str(checkpoints) if checkpoints else None}
+    template = TrialSpec(train, budget, data.fingerprint, data_dir=args.data, corpus=source.hub_id,
+                         cache_dir=str(Path(args.cache_dir).resolve()) if args.cache_dir else None, probe=probe,
+                         checkpoint_dir=str(checkpoints) if checkpoints else None)
     early_stop = None if args.no_early_stop or objective.multi else profile["early_stop"]
-    cpus = os.cpu_count() or 1
-    concurrent = args.max_concurrent or max(1, int(cpus // max(resources["cpu"], 1)))
     # Last, once everything else is known good: creates the study, or reopens it to resume.
     optuna_study = controllers.open_study(study, storage, args.controller, args.objective, space, args.seed,
                                           args.resume)
-    return Plan(study, optuna_study, args.resume, args.trials, args.controller, objective, space, space_path,
-                budget, template, resources, concurrent, early_stop, tracking_uri, storage, args.address, args.seed)
+    return StudyPlan(study, optuna_study, args.resume, args.trials, args.controller, objective, space, space_path,
+                budget, template, resources, args.max_concurrent, early_stop, tracking_uri, storage, args.address, args.seed,
+                unigram_floor=data.unigram_floor)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not args.address:  # keep a local Ray on loopback (STACK.md); a cluster user runs without it
+    if not args.address:  # keep a local Ray on loopback (docs/stack.md); a cluster user runs without it
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Records go to MLflow and the study; Ray's own result loggers and status tables are noise here.
@@ -260,14 +292,16 @@ def main(argv: list[str] | None = None) -> int:
     # A failed or repeated trial's one report has no training loss for ASHA; it ends the trial anyway.
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     # MLflow's own HTTP retries (7, backing off up to 2 minutes each) would make every write to a
-    # stopped tracking server take minutes and could replay a create; search.tracking.Retry retries.
+    # stopped tracking server take minutes and could replay a create; search.retry.Retry retries.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    import optuna
+
     try:  # before search.study imports Ray: a bad input fails before any of that loads
         plan = make_plan(args)
-    # Every cramnas user error is a ValueError (SpaceError, BudgetError, ConfigError, DataError,
-    # GlueError, TrackingError, UsageError), and so are Optuna's study checks.
-    except ValueError as error:
+    # Every cramnas user error is a CramnasError (SpaceError, BudgetError, ConfigError, DataError,
+    # GlueError, TrackingError, UsageError); Optuna's for a study another driver created meanwhile.
+    except (CramnasError, optuna.exceptions.DuplicatedStudyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     from search.study import run_study

@@ -3,7 +3,8 @@
 Ray asks `suggest` for a trial; the controller (an Optuna study, `search.controllers`) proposes an
 architecture and MLflow gets its run. Every report of the worker comes back through
 `on_trial_result` and is logged to MLflow in one call; `on_trial_complete` tells the study how
-the trial ended (complete, pruned by ASHA, failed) and closes the MLflow run. Both records are
+the trial ended (complete, pruned by ASHA, failed) and closes the MLflow run, after logging a
+complete trial's checkpoint as a Hugging Face export (`search.run --save-checkpoints`). Both records are
 written here, in the driver, one right after the other; `search.run` reconciles the two on resume
 if the driver died between them. MLflow writes go through `PendingWrites`: while the tracking
 server is down they are held, in order, and trials run on; `drain` writes what is left at the end.
@@ -19,7 +20,11 @@ from typing import Any
 from ray.tune.search import Searcher
 
 from search import controllers
-from search.tracking import PendingWrites, StudyTracker
+from search.objectives import Objective
+from search.retry import PendingWrites
+from search.spec import TrialSpec
+from search.states import COMPLETE, FAILED, PRUNED, REPEAT
+from search.tracking import StudyTracker
 
 
 @dataclass
@@ -32,11 +37,11 @@ class LiveTrial:
 
 
 @dataclass
-class Outcome:
+class TrialOutcome:
     """How a trial ended, for the terminal view."""
 
     number: int
-    state: str  # complete | pruned | failed | repeat
+    state: str  # search.states: complete, repeat, pruned or failed
     metrics: dict[str, float]
     proposal: controllers.Proposal
     run_id: str | None  # None while the run's creation is held (MLflow unreachable)
@@ -44,9 +49,9 @@ class Outcome:
 
 
 class CramnasSearcher(Searcher):
-    def __init__(self, study, space, objective: controllers.Objective, tracker: StudyTracker,
-                 template: dict[str, Any], tags: dict[str, str],
-                 on_outcome: Callable[[Outcome], None] | None = None):
+    def __init__(self, study, space, objective: Objective, tracker: StudyTracker,
+                 template: TrialSpec, tags: dict[str, str],
+                 on_outcome: Callable[[TrialOutcome], None] | None = None):
         super().__init__()
         self.study, self.space, self.objective, self.tracker = study, space, objective, tracker
         self.template, self.tags, self.on_outcome = template, tags, on_outcome
@@ -76,16 +81,15 @@ class CramnasSearcher(Searcher):
         tags = {**self.tags, **{k: v for k, v in lineage.items() if v is not None}}
 
         def start_run() -> None:
-            trial.run_id = self.tracker.trial_run(proposal.number, proposal.config.to_dict(),
-                                                  self.template["train"], tags)
+            trial.run_id = self.tracker.open_trial_run(proposal.number, proposal.config.to_dict(),
+                                                       self.template.train.to_dict(), proposal.fingerprint, tags)
 
         self.writes.submit(f"starting the run of trial {proposal.number}", start_run)
-        spec = {**self.template, "trial_number": proposal.number, "arch": proposal.config.to_dict()}
+        recorded = None
         if proposal.repeat_of is not None:
-            spec["repeat_of"] = proposal.repeat_of
             original = self.study.get_trials(deepcopy=False)[proposal.repeat_of]  # not .trials: a deep copy of all
-            spec["recorded"] = original.user_attrs.get("metrics", {})
-        return spec
+            recorded = original.user_attrs.get("metrics", {})
+        return self.template.for_trial(proposal.number, proposal.config, proposal.repeat_of, recorded).to_dict()
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         trial = self.live.get(trial_id)
@@ -93,10 +97,9 @@ class CramnasSearcher(Searcher):
             return
         trial.last = result
         if not result.get("final"):
-            trial.curve.append((len(trial.curve) + 1, float(result["mlm_loss"])))
+            trial.curve.append((len(trial.curve) + 1, float(result["train_loss"])))
             tokens, stamp = int(result["tokens"]), _now_ms()
-            metrics = {"train_loss": result["mlm_loss"], "tokens_per_s": result["tokens_per_s"],
-                       "budget_fraction": result["budget_fraction"]}
+            metrics = {key: result[key] for key in ("train_loss", "tokens_per_s", "budget_fraction")}
             self.writes.submit(f"trial {trial.number}'s progress",
                                lambda: self.tracker.log_progress(trial.run_id, tokens, metrics, stamp))
 
@@ -108,18 +111,17 @@ class CramnasSearcher(Searcher):
         metrics = {k: float(v) for k, v in last.items() if _is_metric(k, v)}
         reason = None
         if error:
-            state, reason = "failed", "the trial's worker died (Ray reported a trial error)"
+            state, reason = FAILED, "the trial's worker died (Ray reported a trial error)"
         elif last.get("failed"):
-            state, reason = "failed", last.get("failure_reason", "unknown")
+            state, reason = FAILED, last.get("failure_reason", "unknown")
         elif not last.get("final"):
-            state, reason = "pruned", f"stopped early by ASHA after {len(trial.curve)} of its reports"
-        elif last.get("repeat_of") is not None:
-            state = "repeat"
+            state, reason = PRUNED, f"stopped early by ASHA after {len(trial.curve)} of its reports"
+        elif trial.proposal.repeat_of is not None:
+            state = REPEAT
         else:
-            state = "complete"
-        values = self.objective.values(metrics) if state in ("complete", "repeat") else None
-        controllers.tell(self.study, trial.number, values=values,
-                         state="complete" if state == "repeat" else state, reason=reason,
+            state = COMPLETE
+        values = self.objective.values(metrics) if state in (COMPLETE, REPEAT) else None
+        controllers.tell(self.study, trial.number, values=values, state=state, reason=reason,
                          intermediate=trial.curve, metrics=metrics)
         artifacts = {"arch.yaml": trial.proposal.config.to_dict()}
         result_dict = _unflatten(last, "result/")
@@ -127,19 +129,28 @@ class CramnasSearcher(Searcher):
             artifacts["result.json"] = result_dict
         if "traceback" in last:
             artifacts["traceback.txt"] = last["traceback"]
-        status = {"failed": "FAILED", "pruned": "KILLED"}.get(state, "FINISHED")
-        tags, stamp = {"status": state, "failure_reason": reason}, _now_ms()
-        if last.get("checkpoint_path"):  # written by the worker (search.run --save-checkpoints)
-            tags["checkpoint"] = last["checkpoint_path"]
-        self.writes.submit(f"finishing the run of trial {trial.number}", lambda: self.tracker.finish_trial(
-            trial.run_id, status, metrics, tags, artifacts, timestamp_ms=stamp))
+        checkpoint, stamp = last.get("checkpoint_path"), _now_ms()  # written by the worker (--save-checkpoints)
+
+        def finish_run() -> None:
+            tags = {"checkpoint": checkpoint} if checkpoint else {}
+            if checkpoint and state == COMPLETE:  # exported before the run ends, so a FINISHED run has it
+                problem = self.tracker.log_hf_export(trial.run_id, checkpoint)
+                if problem:
+                    tags["hf_export_error"] = problem
+                    print(f"warning: trial {trial.number} stays complete, but its checkpoint {checkpoint} has no "
+                          f"Hugging Face export in MLflow: {problem}")
+            self.tracker.finish_run(trial.run_id, state, metrics, reason=reason, tags=tags, artifacts=artifacts,
+                                    timestamp_ms=stamp)
+
+        self.writes.submit(f"finishing the run of trial {trial.number}", finish_run)
         if self.on_outcome:
-            self.on_outcome(Outcome(trial.number, state, metrics, trial.proposal, trial.run_id, reason))
+            self.on_outcome(TrialOutcome(trial.number, state, metrics, trial.proposal, trial.run_id, reason))
 
 
-# Ray's own bookkeeping in every result, and `mlm_loss` (ASHA's copy of validation_loss at the end).
-_NOT_METRICS = {"final", "failed", "repeat_of", "trial_id", "done", "pid", "timestamp", "time_this_iter_s",
-                "time_total_s", "time_since_restore", "iterations_since_restore", "training_iteration", "mlm_loss"}
+# Ray's own bookkeeping in every result, the trial's flags, and the train loss of a progress report
+# (the last report of a pruned trial): a series `log_progress` has logged already.
+_NOT_METRICS = {"final", "failed", "trial_id", "done", "pid", "timestamp", "time_this_iter_s",
+                "time_total_s", "time_since_restore", "iterations_since_restore", "training_iteration", "train_loss"}
 
 
 def _now_ms() -> int:

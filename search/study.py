@@ -1,4 +1,4 @@
-"""Run a checked `Plan` (search.run): open or resume the study, reconcile its two stores, start
+"""Run a checked `StudyPlan` (search.run): open or resume the study, reconcile its two stores, start
 Ray, run the remaining trials on Ray Tune, show progress, print the top 5.
 
 The Optuna study is the source of truth. MLflow may be down for a while (a tracking server that
@@ -8,19 +8,27 @@ up to `TRACKING_WAIT_S` at the end for the rest, and if MLflow is still away, sa
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from search import controllers
-from search.searcher import CramnasSearcher
-from search.tracking import Retry, StudyTracker, TrackingUnavailable
-from search.view import StudyView
+import optuna
 
-# Ray's per-trial files (results, logs) go here unless RunConfig is told otherwise (STACK.md).
+from search import controllers
+from search.retry import Retry, TrackingUnavailable
+from search.run import StudyPlan
+from search.searcher import CramnasSearcher
+from search.states import COMPLETE, FAILED, PRUNED, state_of_trial
+from search.tracking import StudyTracker
+from search.trial import ASHA_METRIC
+from search.view import StudyView, floor_text
+
+# Ray's per-trial files (results, logs) go here unless RunConfig is told otherwise (docs/stack.md).
 RAY_RESULTS = Path(tempfile.gettempdir()) / "cramnas-ray"
 
 # How long a driver write retries before MLflow counts as down and its records are held: short,
@@ -30,14 +38,14 @@ DRIVER_RETRY_S = 10.0
 TRACKING_WAIT_S = 600.0
 
 
-def reconcile(study, tracker: StudyTracker, train: dict) -> dict[str, int]:
+def reconcile(study: optuna.Study, tracker: StudyTracker, train: dict) -> dict[str, int]:
     """After a driver died or gave up on MLflow: trials it left running fail in both stores; a
     finished trial without an MLflow run (the driver died before recording it, or MLflow was down
     until the end) gets one, from the study's record (its final metrics, not its progress curve);
     and any MLflow run whose trial the study had already finished is closed with the study's
     verdict. Nothing is re-run or counted twice: the study is the source of truth for counts."""
     stale = controllers.fail_stale_running(study)
-    recorded = {int(number) for number in tracker.trial_runs()["trial"]}
+    recorded = {int(number) for number in tracker.trial_table()["trial"]}
     rebuilt = 0
     trials = study.get_trials(deepcopy=False)  # as they stay below: only MLflow is written
     for trial in trials:
@@ -47,26 +55,40 @@ def reconcile(study, tracker: StudyTracker, train: dict) -> dict[str, int]:
         tags = {"controller": study.user_attrs.get("controller"),
                 **{key: trial.user_attrs[key] for key in ("generation", "parent_trial", "mutation", "repeat_of")
                    if trial.user_attrs.get(key) is not None}}
-        if not arch:  # the driver died before even recording what it had drawn
-            tags["fingerprint"] = "unknown"
-        tracker.trial_run(trial.number, arch, train, tags)  # RUNNING: closed with the verdict below
+        # "unknown": the driver died before even recording what it had drawn.
+        fingerprint = trial.user_attrs.get("fingerprint", "unknown")
+        tracker.open_trial_run(trial.number, arch, train, fingerprint, tags)  # RUNNING: closed with the verdict below
         rebuilt += trial.number not in stale
     closed = 0
     for run in tracker.running_trial_runs():
         number = int(run.data.tags[tracker.trial_tag])
         trial = trials[number]
-        state = controllers.STATE_NAMES[trial.state]
-        if state == "complete" and trial.user_attrs.get("repeat_of") is not None:
-            state = "repeat"
-        # A run the crash cut short is KILLED; one whose trial had ended gets the study's verdict.
-        status = "KILLED" if number in stale else {"failed": "FAILED", "pruned": "KILLED"}.get(state, "FINISHED")
-        tracker.finish_trial(run.info.run_id, status, trial.user_attrs.get("metrics", {}),
-                             {"status": state, "failure_reason": trial.user_attrs.get("failure_reason")}, {})
+        # A run the crash cut short ends KILLED; one whose trial had ended gets the study's verdict.
+        tracker.finish_run(run.info.run_id, state_of_trial(trial), trial.user_attrs.get("metrics", {}),
+                           reason=trial.user_attrs.get("failure_reason"), cut_short=number in stale)
         closed += 1
     return {"stale_trials": len(stale), "rebuilt_runs": rebuilt, "closed_runs": closed}
 
 
-def run_study(plan) -> int:
+def concurrency(resources: dict[str, float], have: dict[str, float], max_concurrent: int | None,
+                warn: Callable[[str], None]) -> int:
+    """How many trials run at once: min(cpus // cpus_per_trial, gpus // gpus_per_trial) over the
+    kinds a trial asks for, `have` being what Ray can place trials on (this machine, or the
+    cluster). A `--max-concurrent` above that gets one warning line and is lowered to it: Ray would
+    only queue the extra trials, already told to Optuna and RUNNING in MLflow."""
+    fits = max(1, min((int(have.get(kind, 0) // amount) for kind, amount in resources.items() if amount > 0),
+                      default=1))
+    if max_concurrent is None:
+        return fits
+    if max_concurrent > fits:
+        asked = " and ".join(f"{amount:g} {kind.upper()}" for kind, amount in resources.items() if amount > 0)
+        warn(f"warning: --max-concurrent {max_concurrent}: trials of {asked} each fit {fits} at once in "
+             f"{have.get('cpu', 0):g} CPUs and {have.get('gpu', 0):g} GPUs; running {fits} at once")
+        return fits
+    return max_concurrent
+
+
+def run_study(plan: StudyPlan) -> int:
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
@@ -77,26 +99,30 @@ def run_study(plan) -> int:
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
     study = plan.optuna_study
+    train = plan.template.train.to_dict()
     if not plan.resume:  # what export needs to write a config that trainer.cram runs unchanged
-        study.set_user_attr("train", plan.template["train"])
+        study.set_user_attr("train", train)
         study.set_user_attr("budget", plan.budget.text)
     tracker = StudyTracker(plan.tracking_uri, plan.study, retry=Retry(timeout_s=DRIVER_RETRY_S))
     parent_run = tracker.start_study({
         "controller": plan.controller, "objective": plan.objective.name, "space": str(plan.space_path),
         "budget": plan.budget.text, "trials": plan.trials, "code_version": _code_version(),
-        "train": plan.template["train"], "probe_tasks": ",".join((plan.template["probe"] or {}).get("tasks", [])),
+        "train": train, **probe_settings(plan),
+        # A property of the prepared data, so the study's once (tag and param): the report's header reads it.
+        **({"unigram_floor": round(plan.unigram_floor, 4)} if plan.unigram_floor is not None else {}),
     })
     if plan.resume:
-        fixed = reconcile(study, tracker, plan.template["train"])
+        fixed = reconcile(study, tracker, train)
         if any(fixed.values()):
             print(f"resume: {fixed['stale_trials']} trials left running by the dead driver marked failed; "
                   f"{fixed['rebuilt_runs']} missing MLflow runs written from the study; "
                   f"{fixed['closed_runs']} MLflow runs closed to match the study")
     counts = controllers.study_counts(study)
-    done = counts["complete"] + counts["pruned"] + counts["failed"]
+    done = sum(counts[state] for state in (COMPLETE, PRUNED, FAILED))
     remaining = plan.trials - done
     print(f"study {plan.study}: {done} of {plan.trials} trials done, {remaining} to run "
-          f"(controller {plan.controller}, objective {plan.objective.name}, budget {plan.budget.text}); "
+          f"(controller {plan.controller}, objective {plan.objective.name}, budget {plan.budget.text}"
+          f", unigram floor {floor_text(plan.unigram_floor)}); "
           f"MLflow {plan.tracking_uri}, run {parent_run}")
     view = StudyView(plan, study, tracker, already_done=done, remaining=max(remaining, 0))
     searcher = None
@@ -106,17 +132,20 @@ def run_study(plan) -> int:
         else:
             ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
                      _temp_dir=str(Path(tempfile.gettempdir()) / "cramnas-ray-session"))
+        placeable = ray.cluster_resources()  # this machine's, or the cluster's with --address
+        concurrent = concurrency(plan.resources, {"cpu": placeable.get("CPU", 1), "gpu": placeable.get("GPU", 0)},
+                                 plan.max_concurrent, lambda line: print(line, file=sys.stderr))
         searcher = CramnasSearcher(study, plan.space, plan.objective, tracker, plan.template,
                                    {"controller": plan.controller}, on_outcome=view.record)
         scheduler = FIFOScheduler()
         if plan.early_stop:
-            scheduler = ASHAScheduler(time_attr="training_iteration", metric="mlm_loss", mode="min",
+            scheduler = ASHAScheduler(time_attr="training_iteration", metric=ASHA_METRIC, mode="min",
                                       max_t=17, grace_period=plan.early_stop["grace_reports"],
                                       reduction_factor=plan.early_stop["reduction_factor"])
         tuner = tune.Tuner(
             tune.with_resources(run_trial, plan.resources),
             tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=remaining,
-                                        max_concurrent_trials=plan.max_concurrent, reuse_actors=True),
+                                        max_concurrent_trials=concurrent, reuse_actors=True),
             run_config=tune.RunConfig(name=f"{plan.study}-{int(time.time())}", storage_path=str(RAY_RESULTS),
                                       verbose=0, callbacks=[view.callback()]),
         )
@@ -136,7 +165,21 @@ def run_study(plan) -> int:
     return 0
 
 
-def close_tracking(plan, tracker: StudyTracker, searcher: CramnasSearcher | None, status: str,
+def probe_settings(plan: StudyPlan) -> dict:
+    """The probe as the study records it (`probe_tasks`, `probe_limits.*` params), so that
+    search.confirm probes exactly as the study did: every limit, defaults included, but the data
+    directory and the seed, which are each confirmation's own."""
+    import glue
+
+    probe = plan.template.probe
+    if probe is None:
+        return {"probe_tasks": ""}
+    limits = dataclasses.asdict(glue.ProbeLimits(**probe.limits))
+    return {"probe_tasks": ",".join(probe.tasks),
+            "probe_limits": {key: value for key, value in limits.items() if key not in ("data_dir", "seed")}}
+
+
+def close_tracking(plan: StudyPlan, tracker: StudyTracker, searcher: CramnasSearcher | None, status: str,
                    wait_s: float) -> bool:
     """Write the MLflow records held while it was down, then end the study run. False, with one
     line saying how to recover, if MLflow stays unreachable: every trial is in the study store."""

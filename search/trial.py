@@ -6,12 +6,14 @@ record. A trial never raises: an exception becomes a final report with `failed` 
 so one bad architecture costs one trial, not the study.
 
 Reports, in order:
-- `budget_fraction`, `mlm_loss` (train), `tokens`, `tokens_per_s` every 1/16 of the budget: the
-  rungs on which ASHA compares trials (`training_iteration` counts them);
-- one final report with `final=True`: validation MLM loss, probe metrics (`glue.<task>.<metric>`),
-  `probe_average`, tokens/s, params, FLOPs/token, `oom_halvings`, and `result` (CramResult +
+- `budget_fraction`, `train_loss`, `tokens`, `tokens_per_s` every 1/16 of the budget: the rungs on
+  which ASHA compares trials by their train loss (`ASHA_METRIC`; `training_iteration` counts them);
+- one final report with `final=True`: `validation_loss`, `unigram_floor` and `nats_below_unigram`
+  (how far below the loss of counting tokens it ended, trainer/unigram.py), probe metrics
+  (`glue.<task>.<metric>`), `probe_average`, tokens/s, params, FLOPs/token, `oom_halvings`, and `result` (CramResult +
   ProbeResult dicts); with `checkpoint_dir` in the spec (`search.run --save-checkpoints`), also
-  `checkpoint_path`, where the worker wrote the trained model (`<checkpoint_dir>/t0007/`).
+  `checkpoint_path`, where the worker wrote the trained model (`<checkpoint_dir>/t0007/`). It has
+  no `train_loss`, so ASHA never compares a validation loss with train losses.
 
 `CRAMNAS_INJECT_FAULT` injects faults into chosen trials, for the fault-injection suite
 (`tests/reliability/`) and soaks: see `parse_faults`.
@@ -20,6 +22,7 @@ Reports, in order:
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import signal
 import time
@@ -28,22 +31,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import ray
 import torch
 from ray import tune
 
+from search.spec import Probe, TrialSpec
 from space.arch import ArchConfig
+from space.errors import CramnasError
 from trainer.budget import Budget
 from trainer.checkpoint import save_checkpoint
 from trainer.config import TrainConfig
+from trainer.corpus import CorpusSource
 from trainer.cram import NonFiniteLoss, Progress, cram_with_model
-from trainer.data import CorpusSource, PretrainData, prepare_data
+from trainer.data import PretrainData, prepare_data, tokens_to_prepare
+
+ASHA_METRIC = "train_loss"  # what ASHA compares trials on (lower is better): the progress reports' train loss
 
 
 def trial_metrics(cram_result: dict, probe_result: dict | None) -> dict[str, float]:
-    """The flat numbers of a finished trial: what the controller, ASHA and MLflow read."""
+    """The flat numbers of a finished trial: what the controller and MLflow read."""
     metrics = {key: float(cram_result[key]) for key in
-               ("validation_loss", "tokens", "tokens_per_s", "params", "flops_per_token", "seconds",
-                "validation_seconds", "steps", "oom_halvings")}
+               ("validation_loss", "unigram_floor", "nats_below_unigram", "tokens", "tokens_per_s", "params",
+                "flops_per_token", "seconds", "validation_seconds", "steps", "oom_halvings")}
+    metrics["rollbacks"] = float(len(cram_result.get("rollbacks", [])))  # diverged steps undone (trainer/rollback.py)
     if probe_result is not None:
         metrics["probe_average"] = float(probe_result["average"])
         metrics["probe_seconds"] = float(probe_result["seconds"]["total"])
@@ -53,14 +63,15 @@ def trial_metrics(cram_result: dict, probe_result: dict | None) -> dict[str, flo
     return metrics
 
 
-def run_trial(spec: dict[str, Any]) -> None:
-    """Ray Tune function trainable. `spec` is what `CramnasSearcher.suggest` returned."""
-    if spec.get("repeat_of") is not None:  # dedupe: this architecture was trained already
-        tune.report({**spec["recorded"], "final": True, "repeat_of": spec["repeat_of"]})
+def run_trial(config: dict[str, Any]) -> None:
+    """Ray Tune function trainable. `config` is the `TrialSpec.to_dict()` `CramnasSearcher.suggest` returned."""
+    spec = TrialSpec.from_dict(config)
+    if spec.repeat_of is not None:  # dedupe: this architecture was trained already
+        tune.report({**spec.recorded, "final": True})
         return
     started = time.perf_counter()
     try:
-        final = _cram_and_probe(spec)
+        final = _train_and_report(spec)
     except Exception as error:  # noqa: BLE001 - any failure is this trial's, recorded with its reason
         reason = f"{type(error).__name__}: {error}"
         tune.report({"final": True, "failed": True, "failure_reason": reason[:2000],
@@ -84,13 +95,13 @@ FAULT_KINDS = {
 def parse_faults(text: str) -> dict[int, frozenset[str]]:
     """`kind@n,m;kind@n` (kinds: `FAULT_KINDS`) as trial number -> kinds; e.g. `exception@1,5;oom@3;
     diskfull@3` raises in trials 1 and 5 and gives trial 3 an out-of-memory and a full disk.
-    ValueError naming the bad item."""
+    CramnasError naming the bad item."""
     faults: dict[int, set[str]] = {}
     for item in filter(None, (part.strip() for part in text.split(";"))):
         kind, at, numbers = item.partition("@")
         trials = [number.strip() for number in numbers.split(",")]
         if kind not in FAULT_KINDS or not at or not all(number.isdigit() for number in trials):
-            raise ValueError(f"CRAMNAS_INJECT_FAULT: {item!r} is not kind@n[,m...] with kind one of "
+            raise CramnasError(f"CRAMNAS_INJECT_FAULT: {item!r} is not kind@n[,m...] with kind one of "
                              f"{', '.join(FAULT_KINDS)} and n a trial number")
         for number in trials:
             faults.setdefault(int(number), set()).add(kind)
@@ -102,48 +113,58 @@ def injected_faults(trial_number: int) -> frozenset[str]:
     return parse_faults(os.environ.get("CRAMNAS_INJECT_FAULT", "")).get(trial_number, frozenset())
 
 
+def trial_device(gpu_ids: list) -> torch.device:
+    """CUDA only when Ray gave this trial GPUs (`ray.get_gpu_ids()`): Ray then sets
+    CUDA_VISIBLE_DEVICES to them, so `cuda` is the trial's own. Otherwise the CPU, even on a GPU
+    host: Ray 2.6x no longer hides the GPUs from a worker that asked for none, so
+    `trainer.device.pick_device` would take GPU 0."""
+    if gpu_ids and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
 def cram_and_probe(arch: ArchConfig, train: TrainConfig, data: PretrainData, budget: Budget,
-                   probe: dict[str, Any] | None, on_progress: Callable[[Progress], None] | None = None,
+                   probe: Probe | None, on_progress: Callable[[Progress], None] | None = None,
                    *, save_to: Path | None = None, before_forward: Callable[[int], None] | None = None,
-                   after_write: Callable[[Path], None] | None = None,
+                   after_write: Callable[[Path], None] | None = None, device: torch.device | None = None,
                    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Cram `arch`, then probe it on GLUE when `probe` (`{"tasks": [...], "limits": {...}}`) is
-    given: the `CramResult` and `ProbeResult` dicts. A trial and `search.confirm` share it.
+    """Cram `arch`, then probe it on GLUE when `probe` is given: the `CramResult` and `ProbeResult`
+    dicts. A trial and `search.confirm` share it.
     `save_to`: write the trained model there (`trainer.checkpoint.save_checkpoint`) before the
     probe; `before_forward` and `after_write` are fault-injection hooks of `cram` and
-    `save_checkpoint`."""
+    `save_checkpoint`; `device`: where to train and probe (default `trainer.device.pick_device`)."""
     import glue  # imported here: workers that only repeat a result never pay for it
 
     model, result = cram_with_model(arch, train, data, budget, on_progress=on_progress,
-                                    before_forward=before_forward)
+                                    before_forward=before_forward, device=device)
     if save_to is not None:
         result.checkpoint = str(save_to)
         save_checkpoint(save_to, model, arch, train, data.tokenizer_path, result.to_dict(), after_write)
     probe_result = None
     if probe is not None:
-        limits = glue.ProbeLimits(**probe["limits"])
-        probe_result = glue.probe(model, data.tokenizer_path, probe["tasks"], limits).to_dict()
+        limits = glue.ProbeLimits(**probe.limits)
+        probe_result = glue.probe(model, data.tokenizer_path, list(probe.tasks), limits, device=device).to_dict()
     return result.to_dict(), probe_result
 
 
-def _cram_and_probe(spec: dict[str, Any]) -> dict[str, Any]:
-    number = spec["trial_number"]
+def _train_and_report(spec: TrialSpec) -> dict[str, Any]:
+    """A trial's cram and probe, with its progress reports and injected faults: the final report."""
+    number = spec.trial_number
     faults = injected_faults(number)
     if "exception" in faults:
         raise RuntimeError(f"injected fault in trial {number}")
     if "kill" in faults:
         os.kill(os.getpid(), signal.SIGKILL)
 
-    arch = ArchConfig.from_dict(spec["arch"])
-    train = TrainConfig.from_dict(spec["train"])
-    source = CorpusSource.from_args(**spec["corpus"])
-    data = prepare_data(source, vocab_size=arch.vocab_size, seq_len=arch.max_seq_len,
-                        cache_dir=spec.get("cache_dir"))  # prepared by the driver: a cache hit
+    arch, train = spec.arch, spec.train
+    source = CorpusSource.from_args(data_dir=spec.data_dir, corpus=spec.corpus)
+    data = prepare_data(source, vocab_size=arch.vocab_size, seq_len=arch.max_seq_len, cache_dir=spec.cache_dir,
+                        max_tokens=tokens_to_prepare(source, spec.budget))  # prepared by the driver: a cache hit
 
     def report(progress: Progress) -> None:
         if "nan" in faults:
             raise NonFiniteLoss(progress.step, float("nan"))
-        tune.report({"budget_fraction": progress.fraction, "mlm_loss": progress.train_loss,
+        tune.report({"budget_fraction": progress.fraction, "train_loss": progress.train_loss,
                      "tokens": progress.tokens, "tokens_per_s": progress.tokens_per_s, "final": False})
 
     def out_of_memory(rows: int) -> None:  # "oom": memory for half the micro-batch only
@@ -154,14 +175,21 @@ def _cram_and_probe(spec: dict[str, Any]) -> dict[str, Any]:
         if path.name.startswith(".model.safetensors"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    save_to = Path(spec["checkpoint_dir"]) / f"t{number:04d}" if spec.get("checkpoint_dir") else None
+    save_to = spec.checkpoint_path()
+    gpu_ids = [str(gpu) for gpu in ray.get_gpu_ids()]
+    device = trial_device(gpu_ids)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     cram_dict, probe_result = cram_and_probe(
-        arch, train, data, Budget.parse(spec["budget"]), spec.get("probe"), on_progress=report, save_to=save_to,
+        arch, train, data, spec.budget, spec.probe, on_progress=report, save_to=save_to,
         before_forward=out_of_memory if "oom" in faults else None,
-        after_write=full_disk if "diskfull" in faults else None)
-    # `mlm_loss` again, now on validation: ASHA reads it in every report.
-    final = {**trial_metrics(cram_dict, probe_result), "mlm_loss": cram_dict["validation_loss"], "final": True,
-             "result": {"cram": cram_dict, "probe": probe_result}}
+        after_write=full_disk if "diskfull" in faults else None, device=device)
+    final = {**trial_metrics(cram_dict, probe_result), "final": True,
+             "result": {"cram": cram_dict, "probe": probe_result, "gpu_ids": gpu_ids}}
+    if device.type == "cuda":  # the model is gone with cram_and_probe's frame: give its memory back
+        final["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        gc.collect()
+        torch.cuda.empty_cache()  # the next trial in this reused worker starts with the GPU empty
     if save_to is not None:
         final["checkpoint_path"] = str(save_to)
     return final

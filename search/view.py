@@ -1,4 +1,6 @@
-"""The terminal view of a running study: live counts, the best so far, ETA; the top 5 at the end."""
+"""The terminal view of a running study: live counts, the best so far, ETA; the top 5 at the end.
+Each loss is shown beside the unigram floor (trainer/unigram.py), so a trial that learned nothing
+beyond token frequencies reads as such."""
 
 from __future__ import annotations
 
@@ -6,19 +8,30 @@ import contextlib
 import sys
 import time
 
+import optuna
 from ray.tune import Callback
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from search.export import ranked_trials
-from search.searcher import Outcome
+from search.run import StudyPlan
+from search.searcher import TrialOutcome
+from search.states import COMPLETE, FAILED, PRUNED, REPEAT
+from search.tracking import StudyTracker
+from space.arch import ArchConfig
 
 
-def describe(arch: dict) -> str:
-    """An architecture in one short line: the choices that most tell models apart."""
-    return (f"{arch['layers']}x{arch['hidden']}/{arch['heads']}h {arch['ffn_kind']} {arch['norm_placement']}-norm "
-            f"{arch['position']}")
+def floor_text(floor: float | None) -> str:
+    """The unigram floor (trainer/unigram.py) as the terminal shows it; n/a for a study without one."""
+    return "n/a" if floor is None else f"{floor:.3f} nats"
+
+
+def below_floor(metrics: dict[str, float]) -> str:
+    """How far a trial's validation loss ended below the unigram floor: what it learned beyond
+    token frequencies (n/a for a trial recorded before the floor was)."""
+    below = metrics.get("nats_below_unigram")
+    return "n/a" if below is None else f"{below:+.3f}"
 
 
 class _RunningCounter(Callback):
@@ -38,12 +51,12 @@ class _RunningCounter(Callback):
 
 
 class StudyView:
-    def __init__(self, plan, study, tracker, already_done: int, remaining: int):
+    def __init__(self, plan: StudyPlan, study: optuna.Study, tracker: StudyTracker, already_done: int, remaining: int):
         self.plan, self.study, self.tracker = plan, study, tracker
         self.remaining, self.already_done = remaining, already_done
-        self.counts = {"complete": 0, "repeat": 0, "pruned": 0, "failed": 0}
+        self.counts = dict.fromkeys((COMPLETE, REPEAT, PRUNED, FAILED), 0)
         self.running = 0
-        self.best: Outcome | None = None
+        self.best: TrialOutcome | None = None
         self.started = time.monotonic()
         # Not a terminal (a log file, CI): wide enough that the top-5 table keeps run ids whole.
         self.console = Console(width=None if sys.stdout.isatty() else 160)
@@ -52,19 +65,17 @@ class StudyView:
     def callback(self) -> Callback:
         return _RunningCounter(self)
 
-    def _score(self, outcome: Outcome) -> float | None:
-        key = self.plan.objective.metrics[0]
-        if key not in outcome.metrics:
-            return None
-        sign = 1.0 if self.plan.objective.directions[0] == "maximize" else -1.0
-        return sign * outcome.metrics[key]
+    def _key(self, outcome: TrialOutcome) -> float | None:
+        """The outcome's sort key by the objective (lower is better); None without its metric."""
+        value = outcome.metrics.get(self.plan.objective.rank_metric)
+        return None if value is None else self.plan.objective.sort_key(value)
 
-    def record(self, outcome: Outcome) -> None:
+    def record(self, outcome: TrialOutcome) -> None:
         self.counts[outcome.state] += 1
-        score = self._score(outcome) if outcome.state in ("complete", "repeat") else None
-        if score is not None and (self.best is None or score > self._score(self.best)):
+        key = self._key(outcome) if outcome.state in (COMPLETE, REPEAT) else None
+        if key is not None and (self.best is None or key < self._key(self.best)):
             self.best = outcome
-        if outcome.state == "failed":
+        if outcome.state == FAILED:
             self.console.print(f"[red]trial {outcome.number} failed:[/red] {outcome.reason}")
         if self._live:
             self._live.update(self.render())
@@ -78,10 +89,12 @@ class StudyView:
                       f"{self.counts['complete']} complete, {self.counts['repeat']} repeats, "
                       f"{self.counts['pruned']} pruned, {self.counts['failed']} failed; {self.running} running")
         table.add_row("time", f"{elapsed / 60:.1f} min elapsed" + (f", ETA {eta / 60:.1f} min" if eta else ""))
+        table.add_row("floor", f"unigram floor {floor_text(self.plan.unigram_floor)}: the validation loss of "
+                      "predicting from token frequencies alone")
         if self.best:
-            key = self.plan.objective.metrics[0]
-            table.add_row("best", f"trial {self.best.number}: {key}={self.best.metrics[key]:.4f}  "
-                          f"{describe(self.best.proposal.config.to_dict())}")
+            key = self.plan.objective.rank_metric
+            table.add_row("best", f"trial {self.best.number}: {key}={self.best.metrics[key]:.4f}, "
+                          f"{below_floor(self.best.metrics)} nats below the floor  {self.best.proposal.config.describe()}")
         return table
 
     @contextlib.contextmanager
@@ -95,10 +108,10 @@ class StudyView:
                 self._live = None
 
     def final_table(self, top: int = 5) -> None:
-        key = self.plan.objective.metrics[0]
-        trials = ranked_trials(self.study, key, "max" if self.plan.objective.directions[0] == "maximize" else "min")
+        key = self.plan.objective.rank_metric
+        trials = ranked_trials(self.study, self.plan.objective)
         table = Table(title=f"top {min(top, len(trials))} of study {self.plan.study} by {key}")
-        columns = ["trial", key, "val MLM", "tokens/s", "params", "architecture", "MLflow run"]
+        columns = ["trial", key, "val MLM", "nats below floor", "tokens/s", "params", "architecture", "MLflow run"]
         if key == "validation_loss":
             columns.remove("val MLM")  # it is the ranking column already
         for column in columns:
@@ -107,12 +120,14 @@ class StudyView:
             metrics = trial.user_attrs["metrics"]
             run = self.tracker.find_trial_run(trial.number)
             cells = [str(trial.number), f"{metrics[key]:.4f}", f"{metrics.get('validation_loss', float('nan')):.3f}",
-                     f"{metrics.get('tokens_per_s', 0):,.0f}", f"{metrics.get('params', 0) / 1e6:.1f}M",
-                     describe(trial.user_attrs["arch"]), run.info.run_id if run else "-"]
+                     below_floor(metrics), f"{metrics.get('tokens_per_s', 0):,.0f}", f"{metrics.get('params', 0) / 1e6:.1f}M",
+                     ArchConfig.from_dict(trial.user_attrs["arch"]).describe(), run.info.run_id if run else "-"]
             if key == "validation_loss":
                 del cells[2]
             table.add_row(*cells)
         self.console.print(table)
+        print(f"unigram floor {floor_text(self.plan.unigram_floor)}: a trial that ends no lower learned nothing "
+              "beyond token frequencies")
         counts = {k: v for k, v in self.counts.items() if v}
         print(f"this session: {counts or 'no trials'}; study store {self.plan.storage}")
         if trials:

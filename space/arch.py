@@ -5,7 +5,8 @@ trainer builds `trainer.model.CrammedBert` from them, MLflow logs them flat, and
 names them. Parameter and FLOP counts are computed here analytically (no torch), so the search
 space can constrain on them before anything is built; a test checks they equal the real model's.
 
-Defaults are Cramming's final `crammed-bert` recipe (Geiping & Goldstein, 2022) at BERT-base width.
+Defaults are Cramming's final `crammed-bert` recipe (Geiping & Goldstein, 2022) at BERT-base width:
+field for field the `arch` of trainer/configs/crammed-bert.yaml (a test checks they agree).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import json
 import re
 from dataclasses import dataclass, fields
 from typing import Any
+
+from space.errors import CramnasError
 
 # The choices of each categorical knob. `trainer.model` keeps one registry per knob with exactly
 # these keys (a test checks they agree), so adding a variant means one entry here and one there.
@@ -49,7 +52,7 @@ def yaml_number_hint(value: Any) -> str:
     return f" (YAML reads {value.strip()} as text: write {fixed})"
 
 
-class ArchError(ValueError):
+class ArchError(CramnasError):
     """An impossible architecture; the message names the field and what is allowed."""
 
 
@@ -62,7 +65,7 @@ class ArchConfig:
     # instead of two, so their inner width is 2/3 of that (rounded to a multiple of 8): every
     # ffn_kind then has the same parameter count at the same ffn_mult. Cramming's GLU with
     # intermediate_size 3072 (split into two 1536 halves) is ffn_mult=3 here.
-    ffn_mult: float = 4.0
+    ffn_mult: float = 3.0
     ffn_kind: str = "geglu"
     norm_kind: str = "layernorm"
     norm_placement: str = "pre"
@@ -194,6 +197,12 @@ class ArchConfig:
 
     def replace(self, **changes: Any) -> ArchConfig:
         return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        """The architecture in one short line, the choices that most tell models apart:
+        `4x256/4h geglu pre-norm rotary` (layers x hidden / heads, FFN, norm placement, positions)."""
+        return (f"{self.layers}x{self.hidden}/{self.heads}h {self.ffn_kind} {self.norm_placement}-norm "
+                f"{self.position}")
 
     def fingerprint(self) -> str:
         """Short stable hash of every field: same in every process and Python hash seed."""

@@ -19,6 +19,8 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from space.errors import CramnasError
+
 # One line for error messages: what an expression may contain.
 ALLOWED = ("allowed: names, numbers, strings, true/false/None, + - * / // % **, comparisons "
            "(== != < <= > >= in, not in), and/or/not, `a if c else b`, [lists], min/max/abs/round")
@@ -32,7 +34,7 @@ MAX_EXPONENT = 64
 Evaluator = Callable[[Mapping[str, Any]], Any]
 
 
-class ExprError(ValueError):
+class ExprError(CramnasError):
     """An expression that cannot be compiled or evaluated; the message is one line."""
 
 

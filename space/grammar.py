@@ -33,6 +33,7 @@ from typing import Any
 
 from space.arch import CHOICES, FIELD_TYPES, ArchConfig, ArchError, yaml_number_hint
 from space.draw import format_list, format_value
+from space.errors import CramnasError
 from space.expr import ALLOWED, Expr, ExprError
 
 TOP_LEVEL_KEYS = ("name", "description", "fixed", "params", "constraints")
@@ -50,7 +51,7 @@ DERIVED = tuple(ArchConfig().derived())
 MAX_FILTER_COMBINATIONS = 10_000
 
 
-class SpaceError(ValueError):
+class SpaceError(CramnasError):
     """A search space that cannot be used; one line: `<file>: <key>: <problem>; <fix>`."""
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import optuna
 
+from search.objectives import OBJECTIVES
+from search.states import STATES
 from search.stores import study_storage
 from search.tracking import StudyTracker
 from space.arch import ArchConfig
@@ -39,13 +41,14 @@ FIXED = {"heads": 4, "vocab_size": 2048, "max_seq_len": 64}
 POSITION_EFFECT = {"learned": 0.0, "rotary": 0.12, "alibi": 0.06}
 PLACEMENT_EFFECT = {"pre": 0.02, "post": 0.0}
 TRAIN = {"lr": 0.002, "batch_size": 64}
+UNIGRAM_FLOOR = 6.95  # the prepared data's unigram floor (trainer/unigram.py), as search.run records it
 POPULATION = 6  # evolution: the first trials are random (generation 0), then each has a parent
 
 
 @dataclass
 class Trial:
     number: int
-    state: str  # complete, repeat, pruned or failed (the `cramnas.status` tag)
+    state: str  # complete, repeat, pruned or failed (the `cramnas.state` tag)
     arch: dict[str, Any]
     metrics: dict[str, float]
     run_id: str = ""
@@ -89,8 +92,10 @@ def _arch(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _metrics(arch: dict[str, Any], rng: random.Random, probe: bool) -> dict[str, float]:
+    """Every metric an objective may rank by; `probe_average` only for a study that probes."""
     probe_score = score(arch, rng.gauss(0, 0.01))
-    metrics = {"validation_loss": 7.0 - 4.0 * probe_score + rng.gauss(0, 0.02),
+    loss = 7.0 - 4.0 * probe_score + rng.gauss(0, 0.02)
+    metrics = {"validation_loss": loss, "unigram_floor": UNIGRAM_FLOOR, "nats_below_unigram": UNIGRAM_FLOOR - loss,
                "tokens": float(rng.randrange(200_000, 400_000)), "seconds": 60.0 + rng.random(),
                "tokens_per_s": 9000.0 / arch["layers"] + rng.gauss(0, 100),
                "params": float(ArchConfig.from_dict(arch).num_params())}
@@ -101,13 +106,16 @@ def _metrics(arch: dict[str, Any], rng: random.Random, probe: bool) -> dict[str,
 
 def write_study(uri: str, name: str, n_trials: int, *, controller: str = "evolution", objective: str = "probe",
                 budget: str = "60s", failed: tuple[int, ...] = (), pruned: tuple[int, ...] = (),
-                repeats: tuple[int, ...] = (), seed: int = 0, optuna_store: bool = True) -> SyntheticStudy:
+                repeats: tuple[int, ...] = (), seed: int = 0, optuna_store: bool = True,
+                floor: bool = True) -> SyntheticStudy:
     """Trials 0..n_trials-1: those in `failed`/`pruned`/`repeats` get that status (a repeat copies
-    the previous complete trial's architecture and metrics, as the search's de-duplication does)."""
+    the previous complete trial's architecture and metrics, as the search's de-duplication does).
+    `floor=False`: a study recorded before the unigram floor was (no study setting, no metrics)."""
     rng = random.Random(seed)
     tracker = StudyTracker(uri, name)
     study_run_id = tracker.start_study({"controller": controller, "objective": objective, "budget": budget,
-                                        "space": "tests/synthetic", "train": TRAIN})
+                                        "space": "tests/synthetic", "train": TRAIN,
+                                        **({"unigram_floor": UNIGRAM_FLOOR} if floor else {})})
     evolution = controller == "evolution"
     result = SyntheticStudy(uri, name, objective, budget, study_run_id, tracker.experiment_id())
     for number in range(n_trials):
@@ -128,7 +136,9 @@ def write_study(uri: str, name: str, n_trials: int, *, controller: str = "evolut
             trial.arch = _arch({key: rng.choice(options) for key, options in CHOICES.items()})
             trial.generation = 0 if evolution else None
         if trial.state != "repeat":
-            trial.metrics = _metrics(trial.arch, rng, probe="probe" in objective)
+            trial.metrics = _metrics(trial.arch, rng, probe="probe_average" in OBJECTIVES[objective].metrics)
+            if not floor:
+                del trial.metrics["unigram_floor"], trial.metrics["nats_below_unigram"]
         if number in failed:
             trial.state, trial.reason = "failed", f"RuntimeError: injected fault in trial {number}"
             trial.metrics = {"seconds": 3.0}
@@ -137,10 +147,9 @@ def write_study(uri: str, name: str, n_trials: int, *, controller: str = "evolut
             trial.metrics = {"tokens": trial.metrics["tokens"] / 4, "tokens_per_s": trial.metrics["tokens_per_s"]}
         tags = {"generation": trial.generation, "parent_trial": trial.parent, "mutation": trial.mutation,
                 "repeat_of": previous[-1].number if trial.state == "repeat" else None}
-        trial.run_id = tracker.trial_run(number, trial.arch, TRAIN, tags)
-        status = {"failed": "FAILED", "pruned": "KILLED"}.get(trial.state, "FINISHED")
-        tracker.finish_trial(trial.run_id, status, trial.metrics,
-                             {"status": trial.state, "failure_reason": trial.reason})
+        trial.run_id = tracker.open_trial_run(number, trial.arch, TRAIN, ArchConfig.from_dict(trial.arch).fingerprint(),
+                                              tags)
+        tracker.finish_run(trial.run_id, trial.state, trial.metrics, reason=trial.reason)
         result.trials.append(trial)
     tracker.finish_study()
     if optuna_store:
@@ -150,20 +159,19 @@ def write_study(uri: str, name: str, n_trials: int, *, controller: str = "evolut
 
 def _write_optuna_study(study: SyntheticStudy) -> None:
     """The controller's record of the same trials: what `search.controllers` would have stored."""
-    directions = {"probe": ["maximize"], "mlm": ["minimize"], "probe+throughput": ["maximize", "maximize"]}
-    values_of = {"probe": ("probe_average",), "mlm": ("validation_loss",),
-                 "probe+throughput": ("probe_average", "tokens_per_s")}[study.objective]
+    objective = OBJECTIVES[study.objective]
     optuna_study = optuna.create_study(study_name=study.name, storage=study_storage(study.uri),
-                                       directions=directions[study.objective])
+                                       directions=list(objective.directions))
+    for key, value in {"objective": study.objective, "train": TRAIN, "budget": study.budget}.items():
+        optuna_study.set_user_attr(key, value)  # what search.run records and search.export reads
     distributions = {key: optuna.distributions.CategoricalDistribution(options) for key, options in CHOICES.items()}
-    states = {"complete": "COMPLETE", "repeat": "COMPLETE", "pruned": "PRUNED", "failed": "FAIL"}
     trials = []
     for trial in study.trials:
         attrs: dict[str, Any] = {"arch": trial.arch, "metrics": trial.metrics}
         if trial.state == "repeat":
             attrs["repeat_of"] = trial.number - 1
-        state = optuna.trial.TrialState[states[trial.state]]
-        values = [trial.metrics[key] for key in values_of] if state == optuna.trial.TrialState.COMPLETE else None
+        state = STATES[trial.state].trial_state
+        values = objective.values(trial.metrics) if state == optuna.trial.TrialState.COMPLETE else None
         trials.append(optuna.trial.create_trial(
             params={key: trial.arch[key] for key in CHOICES}, distributions=distributions,
             values=values, state=state, user_attrs=attrs))
@@ -172,22 +180,24 @@ def _write_optuna_study(study: SyntheticStudy) -> None:
 
 def write_confirmations(study: SyntheticStudy, seeds: dict[int, list[float]], budget: str,
                         failed: tuple[tuple[int, int], ...] = ()) -> list[str]:
-    """Confirmation runs as `search.confirm` writes them (`StudyTracker.confirmation_run`, then
-    `finish_trial`): for each original trial number, one run per seed with the given score
-    (`probe_average`, or `validation_loss` for an `mlm` study). `failed` lists (trial, seed index
-    from 1) pairs recorded as failed instead. Returns their run ids."""
+    """Confirmation runs as `search.confirm` writes them (`StudyTracker.open_confirmation_run`, then
+    `finish_run`): for each original trial number, one run per seed with the given score (the
+    study objective's ranking metric). `failed` lists (trial, seed index from 1) pairs recorded as
+    failed instead. Returns their run ids."""
     tracker = StudyTracker(study.uri, study.name)
-    metric = "validation_loss" if study.objective == "mlm" else "probe_average"
+    metric = OBJECTIVES[study.objective].rank_metric
     run_ids = []
     for number, scores in seeds.items():
         original = study.trials[number]
         for index, value in enumerate(scores, start=1):
-            run_id = tracker.confirmation_run(original.run_id, number, 1000 + index, index, original.arch,
-                                              TRAIN, budget)
+            run_id = tracker.open_confirmation_run(original.run_id, number, 1000 + index, index, original.arch,
+                                                   TRAIN, budget)
             if (number, index) in failed:
-                tracker.finish_trial(run_id, "FAILED", {"seconds": 5.0},
-                                     {"status": "failed", "failure_reason": "RuntimeError: out of memory"})
+                tracker.finish_run(run_id, "failed", {"seconds": 5.0}, reason="RuntimeError: out of memory")
             else:
-                tracker.finish_trial(run_id, "FINISHED", {metric: value, "seconds": 120.0, "tokens": 1e6})
+                loss = value if metric == "validation_loss" else 7.0 - 4.0 * value  # as `_metrics` relates them
+                tracker.finish_run(run_id, "complete", {"validation_loss": loss, metric: value, "seconds": 120.0,
+                                                        "tokens": 1e6, "unigram_floor": UNIGRAM_FLOOR,
+                                                        "nats_below_unigram": UNIGRAM_FLOOR - loss})
             run_ids.append(run_id)
     return run_ids

@@ -14,8 +14,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from search.tracking import trial_runs
-from tests.conftest import ROOT
+from search.states import run_statuses, state_of_trial
+from search.tracking import StudyTracker
+from tests.helpers import ROOT
 
 PROFILE = ROOT / "tests" / "search_files" / "tiny_profile.yaml"
 
@@ -38,13 +39,13 @@ def check_stores_agree(tmp_path: Path, study_name: str, trials: int,
     counted = [t for t in study.trials if "infeasible" not in t.user_attrs]
     assert len(counted) == trials
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) for t in counted)
-    runs = trial_runs(study_name, tracking_uri or f"sqlite:///{tmp_path}/mlflow.db").to_dict("records")
+    runs = StudyTracker(tracking_uri or f"sqlite:///{tmp_path}/mlflow.db", study_name).trial_table().to_dict("records")
     assert sorted(int(r["trial"]) for r in runs) == sorted(t.number for t in counted)  # one run each
     # KILLED for a failed trial: a run the driver's death cut short (see search.study.reconcile).
-    status = {TrialState.COMPLETE: {"FINISHED"}, TrialState.PRUNED: {"KILLED"}, TrialState.FAIL: {"FAILED", "KILLED"}}
     by_trial = {int(r["trial"]): r for r in runs}
     for trial in counted:
-        assert by_trial[trial.number]["status"] in status[trial.state], trial.number
+        assert by_trial[trial.number]["status"] in run_statuses(state_of_trial(trial)), trial.number
+        assert by_trial[trial.number]["tags.cramnas.state"] == state_of_trial(trial), trial.number
     return study, runs
 
 

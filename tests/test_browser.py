@@ -15,6 +15,8 @@ from dashboards import report, screenshots
 from dashboards.data import load_study
 from tests.dashboard_study import scratch_store, write_study
 
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
 STUDY = "browser-study"
 PAGES = {"report": "report.png", "runs table": "mlflow-runs.png", "run page": "mlflow-run.png",
          "compare view": "mlflow-compare.png"}
@@ -78,7 +80,7 @@ def test_runs_table_lists_every_trial_with_its_status_and_score(shots, data):
     score_of = data.trials.dropna(subset=["metrics.probe_average"]).set_index("run_name")["metrics.probe_average"]
     scores = [score_of[name] for name in names[:len(score_of)]]  # KeyError: an unscored trial too early
     assert scores == sorted(scores, reverse=True)  # a repeat ties with its original: compare scores
-    for header in ("probe_average", "cramnas.status"):
+    for header in ("probe_average", "cramnas.state"):
         assert header in shot.text
     for status in ("complete", "failed", "pruned", "repeat"):
         assert status in shot.text

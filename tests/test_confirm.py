@@ -12,14 +12,13 @@ import math
 import mlflow
 import pytest
 
-from glue.finetune import FinetuneSettings
 from search.confirm import main
 from search.tracking import StudyTracker
 from space.arch import ArchConfig
-from tests.conftest import ROOT, requires_shared_data
+from tests.helpers import ROOT, requires_shared_data
 from trainer.config import load_run_config
 
-pytestmark = requires_shared_data
+pytestmark = [requires_shared_data, pytest.mark.slow]  # each test writes a new MLflow store, most cram
 
 TRAIN = {**load_run_config(ROOT / "trainer" / "configs" / "crammed-bert-cpu.yaml").train.to_dict(),
          "micro_batch": 8, "batch_size": 16, "seed": 7}
@@ -35,23 +34,21 @@ def tiny_arch(**changes) -> dict:
 
 # An architecture that cannot be built: 30 hidden units do not split into 4 heads.
 BROKEN_ARCH = {**tiny_arch(), "hidden": 30, "heads": 4}
-RUN_STATUS = {"complete": "FINISHED", "repeat": "FINISHED", "pruned": "KILLED", "failed": "FAILED"}
 
 
 def write_study(uri: str, name: str, trials: list[tuple[dict, str, dict]], objective: str = "mlm",
-                probe_tasks: str = "", result: dict | None = None, artifacts: bool = True) -> dict[int, str]:
-    """A finished study as search.run records it; trials are (arch, cramnas status, metrics).
+                probe_tasks: str = "", probe_limits: dict | None = None, artifacts: bool = True) -> dict[int, str]:
+    """A finished study as search.run records it; trials are (arch, cramnas state, metrics).
     `artifacts=False`: runs as `--resume` rebuilds them from the study store, without arch.yaml.
     Returns trial number -> run id."""
     tracker = StudyTracker(uri, name)
     tracker.start_study({"controller": "random", "objective": objective, "budget": "2e4tokens", "trials": len(trials),
-                         "train": TRAIN, "probe_tasks": probe_tasks})
+                         "train": TRAIN, "probe_tasks": probe_tasks, "probe_limits": probe_limits or {}})
     runs = {}
-    for number, (arch, status, metrics) in enumerate(trials):
-        runs[number] = tracker.trial_run(number, arch, TRAIN, {"fingerprint": f"fp{number}"})
-        files = {"arch.yaml": arch, **({"result.json": result} if result else {})} if artifacts else {}
-        tracker.finish_trial(runs[number], RUN_STATUS[status], {**metrics, "tokens": 19968}, {"status": status},
-                             files)
+    for number, (arch, state, metrics) in enumerate(trials):
+        runs[number] = tracker.open_trial_run(number, arch, TRAIN, f"fp{number}")
+        tracker.finish_run(runs[number], state, {**metrics, "tokens": 19968},
+                           artifacts={"arch.yaml": arch} if artifacts else {})
     tracker.finish_study()
     return runs
 
@@ -96,18 +93,21 @@ def test_top_k_crammed_with_new_seeds_once(confirm, capsys):
         assert seed in SEEDS and seed != TRAIN["seed"] and params["train.seed"] == str(seed)
         assert run.info.run_name == f"confirm-t{trial:04d}-s{SEEDS.index(seed) + 1}"
         seen.add((trial, seed))
-        assert run.info.status == "FINISHED" and tags["cramnas.status"] == "complete"
+        assert run.info.status == "FINISHED" and tags["cramnas.state"] == "complete"
         assert "cramnas.failure_reason" not in tags
         assert params["budget"] == BUDGET and params["arch.position"] == trials[trial][0]["position"]
         for name in ("validation_loss", "tokens", "tokens_per_s", "params", "flops_per_token", "seconds"):
             assert math.isfinite(metrics[name]) and metrics[name] > 0, name
         assert 2900 <= metrics["tokens"] <= 3600  # the confirmation budget, not the study's 2e4 tokens
+        assert metrics["unigram_floor"] > 0  # every confirmation says how far above counting tokens it is
+        assert metrics["nats_below_unigram"] == pytest.approx(metrics["unigram_floor"] - metrics["validation_loss"])
     assert seen == {(t, s) for t in (0, 1) for s in SEEDS}
     # Seeds matter: the same architecture under two seeds does not land on the same loss.
     by_seed = {int(r.data.tags["cramnas.seed"]): r.data.metrics["validation_loss"] for r in runs
                if r.data.tags["cramnas.original_trial"] == "1"}
     assert by_seed[SEEDS[0]] != by_seed[SEEDS[1]]
     assert "confirmed (95% CI)" in out and " ± " in out and "4 complete now" in out
+    assert out.count(" nats below the unigram floor ") == 4
 
     # The same command again: nothing is crammed or added.
     assert confirm("s", "--top", "2", "--seeds", "2") == 0
@@ -133,7 +133,7 @@ def test_a_failure_costs_only_its_run_and_ctrl_c_kills_the_one_in_flight(confirm
                                                (tiny_arch(), "complete", {"validation_loss": 7.0})])
     assert confirm("f", "--top", "2", "--seeds", "1") == 0
     runs = {int(r.data.tags["cramnas.original_trial"]): r for r in confirmation_runs(confirm.uri, "f")}
-    assert runs[0].info.status == "FAILED" and runs[0].data.tags["cramnas.status"] == "failed"
+    assert runs[0].info.status == "FAILED" and runs[0].data.tags["cramnas.state"] == "failed"
     assert "ArchError" in runs[0].data.tags["cramnas.failure_reason"]
     assert "hidden" in runs[0].data.tags["cramnas.failure_reason"]
     assert runs[1].info.status == "FINISHED" and runs[1].data.tags["cramnas.confirmation_of"] == originals[1]
@@ -162,15 +162,23 @@ def test_a_failure_costs_only_its_run_and_ctrl_c_kills_the_one_in_flight(confirm
     assert sorted(r.info.status for r in after.values()) == ["FAILED", "FAILED", "FINISHED", "FINISHED"]
 
 
-def test_probe_study_is_ranked_and_confirmed_by_its_probe_score(confirm):
-    settings = FinetuneSettings(epochs=1, lr=1e-3, max_train_examples=64, max_seconds=2.0, pooling="mean").to_dict()
-    result = {"cram": {}, "probe": {"tasks": ["rte", "stsb"], "settings": settings, "seeds": [0]}}
+def test_probe_study_is_ranked_and_confirmed_by_its_probe_score(confirm, monkeypatch):
+    import search.trial
+
+    # As search.study records them: every glue.ProbeLimits field but the data directory and the seed.
+    limits = {"max_train_examples": 64, "max_seconds_per_task": 2.0, "epochs": 1, "batch_size": 16, "lr": 1e-3,
+              "pooling": "mean"}
     # Trial 1 has the better MLM loss, trial 0 the better probe score: the probe decides.
     originals = write_study(confirm.uri, "p", [
         (tiny_arch(), "complete", {"validation_loss": 7.0, "probe_average": 0.6, "tokens_per_s": 100.0}),
         (tiny_arch(position="rotary"), "complete", {"validation_loss": 6.0, "probe_average": 0.5, "tokens_per_s": 900.0}),
-    ], objective="probe+throughput", probe_tasks="rte,stsb", result=result)
+    ], objective="probe+throughput", probe_tasks="rte,stsb", probe_limits=limits)
+    probes = []
+    real = search.trial.cram_and_probe
+    monkeypatch.setattr(search.trial, "cram_and_probe", lambda *args, **kw: probes.append(args[4]) or real(*args, **kw))
     assert confirm("p", "--top", "1", "--seeds", "1") == 0
+    (probe,) = probes  # the study's probe, exactly: its tasks and limits, with this run's seed and data
+    assert probe.tasks == ("rte", "stsb") and probe.limits == {**limits, "seed": SEEDS[0], "data_dir": probe.limits["data_dir"]}
     (run,) = confirmation_runs(confirm.uri, "p")
     assert run.data.tags["cramnas.confirmation_of"] == originals[0]
     metrics = run.data.metrics
@@ -190,9 +198,9 @@ def test_plan_reads_back_what_the_study_recorded(wiki_slice_dir, slice_cache, tm
     plan = make_plan(parse_args(["--study", "r", "--tracking-uri", uri, "--data", str(wiki_slice_dir),
                                  "--cache-dir", str(slice_cache), "--top", "5"]))
     assert plan.budget.text == "2e4tokens" and plan.seeds == [1008, 1009, 1010]
-    assert [(c.rank, c.trial) for c in plan.configs] == [(1, 1), (2, 0)]
-    assert plan.configs[0].arch == rotary and ArchConfig.from_dict(plan.configs[0].arch).fingerprint()
-    assert plan.configs[0].train == TRAIN and plan.configs[0].probe is None
+    assert [(c.rank, c.trial) for c in plan.candidates] == [(1, 1), (2, 0)]
+    assert plan.candidates[0].arch == rotary and ArchConfig.from_dict(plan.candidates[0].arch).fingerprint()
+    assert plan.candidates[0].train == TRAIN and plan.probe is None
 
 
 @pytest.mark.parametrize("study,extra,expected", [
@@ -202,11 +210,13 @@ def test_plan_reads_back_what_the_study_recorded(wiki_slice_dir, slice_cache, tm
     ("b", ["--budget", "5 fortnights"], "budget"),
     ("none-complete", [], "no complete trial"),
     ("b", ["--tracking-uri", "sqlite:////nonexistent/mlflow.db"], "--tracking-uri"),
+    ("unknown-limits", [], "not its probe limits"),
 ])
 def test_bad_input_fails_in_one_line_before_any_training(study, extra, expected, confirm, capsys):
     write_study(confirm.uri, "b", [(tiny_arch(), "complete", {"validation_loss": 7.0})])
     write_study(confirm.uri, "none-complete", [(tiny_arch(), "pruned", {"validation_loss": 7.0}),
                                                (tiny_arch(layers=2), "failed", {"validation_loss": math.nan})])
+    write_study(confirm.uri, "unknown-limits", [(tiny_arch(), "complete", {"validation_loss": 7.0})], probe_tasks="rte")
     capsys.readouterr()  # MLflow's notes on creating the store
     assert confirm(study, *extra) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]

@@ -12,7 +12,6 @@ from optuna.trial import TrialState
 
 from search.controllers import (
     CONTROLLERS,
-    OBJECTIVES,
     RegularizedEvolutionSampler,
     ask,
     fail_stale_running,
@@ -21,6 +20,7 @@ from search.controllers import (
     study_counts,
     tell,
 )
+from search.objectives import OBJECTIVES
 from space import ArchConfig, default_space_path, load_space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -55,7 +55,8 @@ def evolution_study(space, population_size=6, sample_size=3, seed=0, direction="
     return optuna.create_study(sampler=sampler, direction=direction)
 
 
-@pytest.mark.parametrize("controller", list(CONTROLLERS))
+@pytest.mark.parametrize("controller", [pytest.param(name, marks=pytest.mark.slow) if name == "gp" else name
+                                        for name in CONTROLLERS])  # gp: about a second per ask
 def test_every_controller_runs_a_single_objective_study(space, controller):
     study = open_study("s", None, controller, "probe", space, seed=0)
     proposals = run(study, space, 12)
@@ -63,6 +64,7 @@ def test_every_controller_runs_a_single_objective_study(space, controller):
     assert study_counts(study)["complete"] == 12
     assert all(ArchConfig.from_dict(t.user_attrs["arch"]).fingerprint() == t.user_attrs["fingerprint"]
                for t in study.get_trials(states=(TrialState.COMPLETE,)))
+    assert all(p.fingerprint == p.config.fingerprint() for p in proposals)
 
 
 @pytest.mark.parametrize("controller", ["nsga2", "random", "tpe"])  # gp too, but at a second per ask
@@ -181,6 +183,7 @@ def test_dedupe_marks_repeats_of_completed_trials(space):
     assert ask(study, space).repeat_of == first.number  # the original, not the repeat
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(space, tmp_path):
     # Evolution in SQLite, interrupted after 10 trials (one left running), against one
     # uninterrupted run: same proposals, same counts. The population of 20 is complete after
@@ -245,6 +248,9 @@ def test_tell_is_idempotent_and_records_why(space):
     assert study.trials[broken.number].user_attrs["failure_reason"] == "out of memory"
     with pytest.raises(ValueError, match="state: unknown 'done'"):
         tell(study, ask(study, space).number, [1.0], state="done")
+    repeat = ask(study, space)
+    tell(study, repeat.number, [1.0], state="repeat")  # a repeat is COMPLETE in the study
+    assert study.trials[repeat.number].state == TrialState.COMPLETE
 
 
 @pytest.mark.parametrize("objective, pruned_value", [("mlm", 4.5), ("probe", None)])

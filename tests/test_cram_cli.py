@@ -8,22 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import SLICE_SEQ, SLICE_VOCAB
+from tests.helpers import CONFIGS, slice_config
 from trainer.checkpoint import load_checkpoint
 from trainer.config import ConfigError, load_run_config
 from trainer.cram import main
-
-CONFIGS = Path(__file__).resolve().parents[1] / "trainer" / "configs"
-
-
-def slice_config(tmp_path: Path, **train) -> Path:
-    """crammed-bert-cpu shrunk to the test slice's vocabulary and sequence length."""
-    config = yaml.safe_load((CONFIGS / "crammed-bert-cpu.yaml").read_text())
-    config["arch"].update(layers=2, hidden=64, heads=4, vocab_size=SLICE_VOCAB, max_seq_len=SLICE_SEQ)
-    config["train"].update(micro_batch=8, batch_size=16, **train)
-    path = tmp_path / "slice.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 @pytest.mark.parametrize("name", ["crammed-bert", "bert-original", "crammed-bert-cpu", "bert-original-cpu"])
@@ -39,6 +27,7 @@ def test_crammed_bert_is_cramming_final_architecture():
     assert arch.num_params() == pytest.approx(120e6, rel=0.01)  # the paper's ~120M (incl. embeddings)
 
 
+@pytest.mark.slow
 def test_cli_crams_and_writes_a_checkpoint_that_reloads(wiki_slice_dir, tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["--config", str(slice_config(tmp_path)), "--budget", "3s", "--data", str(wiki_slice_dir),
@@ -46,7 +35,9 @@ def test_cli_crams_and_writes_a_checkpoint_that_reloads(wiki_slice_dir, tmp_path
     assert code == 0
     result = json.loads((out / "result.json").read_text())
     assert result["seed"] == 7 and result["tokens"] > 0 and result["budget"] == "3s"
-    assert "validation MLM loss" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "validation MLM loss" in printed
+    assert f"unigram floor {result['unigram_floor']:.4f}: {result['nats_below_unigram']:+.4f} nats below it" in printed
     model, _ = load_checkpoint(out)
     assert model.num_params() == result["params"]
 

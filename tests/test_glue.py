@@ -27,7 +27,7 @@ from glue.tasks import (
     pearson,
     spearman,
 )
-from tests.conftest import SHARED_DATA, requires_shared_data
+from tests.helpers import SHARED_DATA, requires_shared_data
 from trainer.tokenizer import train_wordpiece
 
 # ---- metrics --------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from glue import DEFAULT_PROBE_TASKS, ProbeLimits, probe
 from glue.evaluate import main
 from glue.tasks import METRIC_RANGES, TASKS, GlueError
 from space.arch import ArchConfig
-from tests.conftest import SHARED_DATA, SLICE_SEQ, SLICE_VOCAB, requires_shared_data
+from tests.helpers import SHARED_DATA, SLICE_SEQ, SLICE_VOCAB, requires_shared_data
 from trainer.budget import Budget
 from trainer.checkpoint import load_checkpoint
 from trainer.config import TrainConfig
@@ -49,6 +49,7 @@ def tiny_rte(tmp_path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_probe_of_a_tiny_checkpoint_scores_every_metric_within_its_range(tiny_checkpoint):
     result = probe(tiny_checkpoint, limits=LIMITS)
     assert result.tasks == list(DEFAULT_PROBE_TASKS) and result.protocol == "probe"
@@ -68,6 +69,7 @@ def test_probe_of_a_tiny_checkpoint_scores_every_metric_within_its_range(tiny_ch
     json.dumps(result.to_dict())  # what the search logs
 
 
+@pytest.mark.slow
 def test_an_in_memory_model_probes_exactly_like_its_checkpoint(tiny_checkpoint):
     model, tokenizer = load_checkpoint(tiny_checkpoint)
     from_memory = probe(model, tokenizer, tasks=["stsb"], limits=LIMITS)
@@ -102,6 +104,7 @@ def test_bad_probe_inputs_are_clear_errors(tiny_checkpoint, tiny_rte, tmp_path):
 # ---- the CLI ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_probe_on_rte_prints_the_table_and_writes_glue_json(tiny_checkpoint, capsys):
     code = main(["--checkpoint", str(tiny_checkpoint), "--protocol", "probe", "--tasks", "rte",
                  "--data", str(SHARED_DATA), "--max-train-examples", "64"])
@@ -123,6 +126,7 @@ def test_cli_available_runs_what_is_present_and_says_what_it_skips(tiny_checkpoi
     assert "skipping qnli: validation only" in out and "skipping sst2: missing" in out
 
 
+@pytest.mark.slow
 def test_cli_sane_protocol_reports_the_median_over_seeds(tiny_checkpoint, tiny_rte, capsys):
     code = main(["--checkpoint", str(tiny_checkpoint), "--protocol", "sane", "--seeds", "3", "--tasks", "rte",
                  "--data", str(tiny_rte)])

@@ -1,7 +1,10 @@
 """CrammedBert: every variant builds and trains, counts are right, and original-BERT is BERT."""
 
+from pathlib import Path
+
 import pytest
 import torch
+import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from space.arch import CHOICES, FIELD_TYPES, ArchConfig
@@ -9,6 +12,12 @@ from trainer import model as M
 from trainer.hf_compat import ORIGINAL_BERT, from_hf_bert
 
 TINY = ArchConfig(layers=2, hidden=32, heads=4, vocab_size=64, max_seq_len=24, ffn_mult=2.0)
+CRAMMED_BERT = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "crammed-bert.yaml"
+
+
+def test_arch_defaults_are_the_crammed_bert_config_field_for_field():
+    config = yaml.safe_load(CRAMMED_BERT.read_text())["arch"]
+    assert ArchConfig().to_dict() == ArchConfig(**config).to_dict() == config
 
 
 def variants() -> list:

@@ -19,10 +19,10 @@ import yaml
 from optuna.trial import TrialState
 
 from search.run import main
-from tests.conftest import cli_env, free_port, requires_shared_data
+from tests.helpers import cli_env, free_port, requires_shared_data
 from tests.studies import PROFILE, ROOT, check_stores_agree, study_args
 
-pytestmark = requires_shared_data
+pytestmark = [requires_shared_data, pytest.mark.slow]  # real studies on Ray, each with new stores
 
 
 @pytest.fixture
@@ -78,8 +78,23 @@ def test_repeated_architecture_is_not_trained_again(args, tmp_path):
     by_trial = {int(r["trial"]): r for r in runs}
     assert [t.user_attrs.get("repeat_of") for t in study.trials] == [None, 0, 0]
     assert all(t.values == study.trials[0].values for t in study.trials)  # the recorded result, told again
-    assert [by_trial[n]["tags.cramnas.status"] for n in range(3)] == ["complete", "repeat", "repeat"]
+    assert [by_trial[n]["tags.cramnas.state"] for n in range(3)] == ["complete", "repeat", "repeat"]
     assert by_trial[1]["tags.cramnas.repeat_of"] == "0"
+
+
+def test_asha_stops_trials_behind_on_their_train_loss(args, tmp_path):
+    """One trial at a time, so each meets the rungs of those before it: ASHA (on by default) stops
+    the ones whose train loss is behind, and both stores say so."""
+    assert main(args("asha", "--trials", "6", "--controller", "random", "--objective", "mlm", "--no-probe",
+                     "--max-concurrent", "1")) == 0
+    study, runs = check_stores_agree(tmp_path, "asha", 6)
+    pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
+    assert pruned, "ASHA stopped no trial: does it see the progress reports' train_loss?"
+    by_trial = {int(r["trial"]): r for r in runs}
+    for trial in pruned:
+        assert trial.user_attrs["failure_reason"].startswith("stopped early by ASHA after")
+        assert len(trial.user_attrs["intermediate"]) < 16  # cut before its last progress report
+        assert by_trial[trial.number]["status"] == "KILLED" and by_trial[trial.number]["tags.cramnas.state"] == "pruned"
 
 
 def test_export_round_trips_into_trainer_cram(args, wiki_slice_dir, slice_cache, tmp_path):
@@ -130,6 +145,7 @@ def test_resume_of_unknown_study_and_existing_study_without_resume(args, tmp_pat
     assert "--resume" in capsys.readouterr().err
 
 
+@pytest.mark.subprocess
 def test_study_joins_an_existing_ray_cluster(args, tmp_path):
     """`--address` joins a running head (on loopback here) instead of starting Ray; stopped by its PID."""
     port = free_port()

@@ -234,3 +234,9 @@ def test_mutation_refuses_non_members():
     space = load_space(default_space_path("cpu"))
     with pytest.raises(SpaceError, match="crammed_bert_cpu.yaml: mutation: the parent is not in the space"):
         mutate(space, ArchConfig(), random.Random(0))
+
+
+def test_describe_names_the_choices_that_tell_models_apart():
+    arch = ArchConfig(layers=4, hidden=256, heads=4, ffn_kind="swiglu", norm_placement="post", position="rotary")
+    assert arch.describe() == "4x256/4h swiglu post-norm rotary"
+    assert ArchConfig().describe() == "16x768/12h geglu pre-norm scaled_sinusoidal"

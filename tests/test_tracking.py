@@ -16,23 +16,19 @@ from mlflow.protos.databricks_pb2 import (
     TEMPORARILY_UNAVAILABLE,
 )
 
-from search.tracking import (
-    Retry,
-    StudyTracker,
-    TrackingError,
-    best_trial_run,
-    check_store,
-    resolve_uri,
-    trial_params,
-    trial_runs,
-)
+from search.objectives import OBJECTIVES, Objective
+from search.params import param_value, params_under, trial_params
+from search.retry import Retry, TrackingError
+from search.stores import check_store, resolve_uri
+from search.tracking import StudyTracker
 from space.arch import ArchConfig
-from tests.conftest import FakeTime
+from tests.helpers import FakeTime
 from trainer.config import TrainConfig
 
 ARCH = ArchConfig(layers=2, hidden=128, heads=2, vocab_size=2048, max_seq_len=64).to_dict()
+FINGERPRINT = ArchConfig.from_dict(ARCH).fingerprint()
 TRAIN = TrainConfig(lr=2e-3, batch_size=64, micro_batch=32).to_dict()
-STUDY_INFO = {"controller": "evolution", "objective": "validation_loss",
+STUDY_INFO = {"controller": "evolution", "objective": "mlm",
               "space": "space/spaces/crammed_bert_cpu.yaml", "budget": "120s", "code_version": "abc123",
               "train": TRAIN}
 
@@ -81,16 +77,15 @@ def test_study_run_is_created_once_and_reused(uri, store):
 
 
 def test_trial_run_is_nested_with_readable_params_and_tags(tracker):
-    run_id = tracker.trial_run(3, ARCH, TRAIN, {"generation": 1, "mutation": None})
+    run_id = tracker.open_trial_run(3, ARCH, TRAIN, FINGERPRINT, {"generation": 1, "mutation": None})
     run = MlflowClient(tracker.uri).get_run(run_id)
-    fingerprint = ArchConfig.from_dict(ARCH).fingerprint()
-    assert run.info.run_name == f"t0003-{fingerprint}"
+    assert run.info.run_name == f"t0003-{FINGERPRINT}"
     tags = run.data.tags
     assert tags["mlflow.parentRunId"] == tracker.study_run_id
     assert tags["cramnas.trial"] == "3" and tags["cramnas.kind"] == "trial"
-    assert tags["cramnas.fingerprint"] == fingerprint
+    assert tags["cramnas.fingerprint"] == FINGERPRINT
     assert tags["cramnas.controller"] == "evolution"  # the study's, by default
-    assert tags["cramnas.generation"] == "1" and tags["cramnas.status"] == "running"
+    assert tags["cramnas.generation"] == "1" and tags["cramnas.state"] == "running"
     assert "cramnas.mutation" not in tags
     assert run.data.params["arch.layers"] == "2" and run.data.params["arch.position"] == "scaled_sinusoidal"
     assert run.data.params["train.lr"] == "0.002" and run.data.params["budget"] == "120s"
@@ -105,27 +100,27 @@ def test_param_names_read_well():
 
 
 def test_trial_run_is_idempotent_across_calls_and_trackers(tracker):
-    run_id = tracker.trial_run(0, ARCH, TRAIN)
-    assert tracker.trial_run(0, ARCH, TRAIN) == run_id
-    assert StudyTracker(tracker.uri, tracker.study_name).trial_run(0, ARCH, TRAIN) == run_id
+    run_id = tracker.open_trial_run(0, ARCH, TRAIN, FINGERPRINT)
+    assert tracker.open_trial_run(0, ARCH, TRAIN, FINGERPRINT) == run_id
+    assert StudyTracker(tracker.uri, tracker.study_name).open_trial_run(0, ARCH, TRAIN, FINGERPRINT) == run_id
     assert len(runs_of(tracker, "tags.`cramnas.trial` = '0'")) == 1
     # Another architecture under the same trial number is a caller's bug, not a silent overwrite.
     with pytest.raises(TrackingError, match="trial 0"):
-        tracker.trial_run(0, {**ARCH, "layers": 4}, TRAIN)
+        tracker.open_trial_run(0, {**ARCH, "layers": 4}, TRAIN, FINGERPRINT)
 
 
 def test_lineage_tag_resolves_to_the_parent_trials_run(tracker):
-    parent = tracker.trial_run(0, ARCH, TRAIN)
-    child = tracker.trial_run(1, {**ARCH, "layers": 3}, TRAIN, {"parent_trial": 0, "mutation": "layers+1"})
+    parent = tracker.open_trial_run(0, ARCH, TRAIN, FINGERPRINT)
+    child = tracker.open_trial_run(1, {**ARCH, "layers": 3}, TRAIN, "child", {"parent_trial": 0, "mutation": "layers+1"})
     tags = MlflowClient(tracker.uri).get_run(child).data.tags
     assert tags["cramnas.parent_run_id"] == parent
     assert tags["cramnas.parent_trial"] == "0" and tags["cramnas.mutation"] == "layers+1"
-    orphan = tracker.trial_run(2, ARCH, TRAIN, {"parent_trial": 99})
+    orphan = tracker.open_trial_run(2, ARCH, TRAIN, FINGERPRINT, {"parent_trial": 99})
     assert "cramnas.parent_run_id" not in MlflowClient(tracker.uri).get_run(orphan).data.tags
 
 
 def test_progress_and_finish_log_metrics_artifacts_and_status(tracker, tmp_path):
-    run_id = tracker.trial_run(0, ARCH, TRAIN)
+    run_id = tracker.open_trial_run(0, ARCH, TRAIN, FINGERPRINT)
     for tokens, loss in [(1000, 7.5), (2000, 6.0)]:
         progress = {"train_loss": loss, "tokens_per_s": 900.0, "budget_fraction": tokens / 3000}
         tracker.log_progress(run_id, tokens, progress)
@@ -134,12 +129,12 @@ def test_progress_and_finish_log_metrics_artifacts_and_status(tracker, tmp_path)
     probe = {"metrics": {"sst2": {"accuracy": 0.81}, "mrpc": {"f1": 0.7, "accuracy": 0.65}}, "average": 0.755}
     final = {"validation_loss": cram["validation_loss"], "tokens": cram["tokens"], "tokens_per_s": cram["tokens_per_s"],
              "glue": probe["metrics"], "probe_average": probe["average"]}  # nested: glue.<task>.<metric>
-    tracker.finish_trial(run_id, "FINISHED", final,
-                         artifacts={"arch.yaml": ARCH, "result.json": cram}, loss_curve=cram["loss_curve"])
+    tracker.finish_run(run_id, "complete", final,
+                       artifacts={"arch.yaml": ARCH, "result.json": cram}, loss_curve=cram["loss_curve"])
 
     client = MlflowClient(tracker.uri)
     run = client.get_run(run_id)
-    assert run.info.status == "FINISHED" and run.data.tags["cramnas.status"] == "complete"
+    assert run.info.status == "FINISHED" and run.data.tags["cramnas.state"] == "complete"
     metrics = run.data.metrics
     assert metrics["validation_loss"] == 5.5 and metrics["probe_average"] == 0.755
     assert metrics["glue.sst2.accuracy"] == 0.81 and metrics["glue.mrpc.f1"] == 0.7
@@ -151,60 +146,73 @@ def test_progress_and_finish_log_metrics_artifacts_and_status(tracker, tmp_path)
     assert result["validation_loss"] == 5.5 and result["loss_curve"][-1] == [3000, 5.6]
 
 
-@pytest.mark.parametrize("status, tags, expected", [
-    ("KILLED", {}, "pruned"),
-    ("FAILED", {"failure_reason": "out of memory"}, "failed"),
-    ("FINISHED", {"status": "repeat", "repeat_of": 4}, "repeat"),
+@pytest.mark.parametrize("state, reason, cut_short, status", [
+    ("pruned", None, False, "KILLED"),
+    ("failed", "out of memory", False, "FAILED"),
+    ("failed", "driver died", True, "KILLED"),
+    ("repeat", None, False, "FINISHED"),
+    ("complete", None, True, "FINISHED"),  # only a failed run ends otherwise when cut short
 ])
-def test_finish_statuses(tracker, status, tags, expected):
-    run_id = tracker.trial_run(5, ARCH, TRAIN)
-    tracker.finish_trial(run_id, status, {"tokens": 10}, tags)
+def test_each_state_ends_the_run_with_its_status(tracker, state, reason, cut_short, status):
+    run_id = tracker.open_trial_run(5, ARCH, TRAIN, FINGERPRINT)
+    tracker.finish_run(run_id, state, {"tokens": 10}, reason=reason, cut_short=cut_short)
     run = MlflowClient(tracker.uri).get_run(run_id)
-    assert run.info.status == status and run.data.tags["cramnas.status"] == expected
-    assert run.data.tags.get("cramnas.failure_reason") == tags.get("failure_reason")
-    with pytest.raises(ValueError, match="status"):
-        tracker.finish_trial(run_id, "DONE")
+    assert run.info.status == status and run.data.tags["cramnas.state"] == state
+    assert run.data.tags.get("cramnas.failure_reason") == reason
+    for wrong in ("DONE", "FINISHED", "running"):
+        with pytest.raises(ValueError, match="state"):
+            tracker.finish_run(run_id, wrong)
 
 
-def test_stale_runs_are_killed_and_reopened_when_rerun(tracker):
-    done = tracker.trial_run(0, ARCH, TRAIN)
-    tracker.finish_trial(done, "FINISHED", {"tokens": 10})
-    stale = tracker.trial_run(1, ARCH, TRAIN)
+def test_a_run_cut_short_is_reopened_when_its_trial_runs_again(tracker):
+    done = tracker.open_trial_run(0, ARCH, TRAIN, FINGERPRINT)
+    tracker.finish_run(done, "complete", {"tokens": 10})
+    stale = tracker.open_trial_run(1, ARCH, TRAIN, FINGERPRINT)
     assert [run.info.run_id for run in tracker.running_trial_runs()] == [stale]
-    assert tracker.mark_stale_runs_killed() == [stale]
+    tracker.finish_run(stale, "failed", reason="driver died", cut_short=True)  # as search.study.reconcile does
     client = MlflowClient(tracker.uri)
-    run = client.get_run(stale)
-    assert run.info.status == "KILLED" and run.data.tags["cramnas.failure_reason"] == "driver died"
-    assert client.get_run(done).info.status == "FINISHED"
-    assert client.get_run(tracker.study_run_id).info.status == "RUNNING"  # the study run is resumed, not killed
-    assert tracker.mark_stale_runs_killed() == []
+    assert client.get_run(stale).info.status == "KILLED" and tracker.running_trial_runs() == []
     # The resumed study runs trial 1 again: its run comes back to life, without the old reason.
-    assert tracker.trial_run(1, ARCH, TRAIN) == stale
+    assert tracker.open_trial_run(1, ARCH, TRAIN, FINGERPRINT) == stale
     run = client.get_run(stale)
     assert run.info.status == "RUNNING" and "cramnas.failure_reason" not in run.data.tags
+    assert run.data.tags["cramnas.state"] == "running"
+    assert client.get_run(done).info.status == "FINISHED"
+    # A finished run is not reopened by a late second call (a driver retrying after a crash).
+    assert tracker.open_trial_run(0, ARCH, TRAIN, FINGERPRINT) == done
+    assert client.get_run(done).info.status == "FINISHED"
 
 
-def test_reading_back_trials_and_the_best_one(tracker):
-    for trial, (loss, status) in enumerate([(5.0, "FINISHED"), (4.0, "FINISHED"), (3.0, "KILLED")]):
-        run_id = tracker.trial_run(trial, {**ARCH, "layers": trial + 1}, TRAIN)
-        tracker.finish_trial(run_id, status, {"validation_loss": loss, "tokens": 100})
-    tracker.trial_run(3, ARCH, TRAIN)  # still running: no metric yet
+def test_reading_back_trials_and_the_best_ones(tracker):
+    for trial, (loss, state) in enumerate([(5.0, "complete"), (4.0, "complete"), (3.0, "pruned"), (2.0, "repeat")]):
+        run_id = tracker.open_trial_run(trial, {**ARCH, "layers": trial + 1}, TRAIN, f"fp{trial}")
+        tracker.finish_run(run_id, state, {"validation_loss": loss, "tokens": 100})
+    tracker.open_trial_run(4, ARCH, TRAIN, FINGERPRINT)  # still running: no metric yet
 
-    frame = trial_runs(tracker.study_name, tracker.uri)
-    assert list(frame["trial"]) == [0, 1, 2, 3]
-    assert list(frame["params.arch.layers"]) == ["1", "2", "3", "2"]
-    assert list(frame["tags.cramnas.status"]) == ["complete", "complete", "pruned", "running"]
-    best = best_trial_run(tracker.study_name, "validation_loss", "min", tracker.uri)
-    assert best["trial"] == 1  # the pruned trial's lower loss does not compete
-    assert tracker.best_trial_run("validation_loss", "max")["trial"] == 0
-    assert tracker.best_trial_run("probe_average") is None
+    frame = tracker.trial_table()
+    assert list(frame["trial"]) == [0, 1, 2, 3, 4]
+    assert list(frame["params.arch.layers"]) == ["1", "2", "3", "4", "2"]
+    assert list(frame["tags.cramnas.state"]) == ["complete", "complete", "pruned", "repeat", "running"]
+    # The pruned trial's and the repeat's lower losses do not compete.
+    assert [row["trial"] for row in tracker.top_trial_runs(OBJECTIVES["mlm"], 5)] == [1, 0]
+    higher_loss = Objective("worst", ("validation_loss",), ("maximize",), "validation MLM loss, reversed")
+    assert tracker.top_trial_runs(higher_loss)[0]["trial"] == 0
+    assert tracker.top_trial_runs(OBJECTIVES["probe"]) == []
+
+
+def test_params_read_back_as_logged():
+    params = trial_params(ARCH, TRAIN, "120s")
+    assert params_under(params, "arch") == ARCH and params_under(params, "train") == TRAIN
+    assert params_under({f"params.{k}": v for k, v in params.items()}, "arch") == ARCH  # a trial_table row
+    assert [param_value(text) for text in ("1e-12", "True", "[0.9, 0.98]", "None", "geglu", "3")] == [
+        1e-12, True, [0.9, 0.98], None, "geglu", 3]
 
 
 def test_a_worker_finds_the_study_through_a_pickled_tracker(tracker):
     worker = pickle.loads(pickle.dumps(tracker))
-    assert worker.trial_run(0, ARCH, TRAIN) == tracker.trial_run(0, ARCH, TRAIN)
+    assert worker.open_trial_run(0, ARCH, TRAIN, FINGERPRINT) == tracker.open_trial_run(0, ARCH, TRAIN, FINGERPRINT)
     with pytest.raises(TrackingError, match="start_study"):
-        StudyTracker(tracker.uri, "never-started").trial_run(0, ARCH, TRAIN)
+        StudyTracker(tracker.uri, "never-started").open_trial_run(0, ARCH, TRAIN, FINGERPRINT)
 
 
 def test_store_check(uri, tmp_path, monkeypatch):

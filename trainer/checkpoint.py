@@ -8,13 +8,15 @@ atomic per file and checked for a full disk (`save_checkpoint`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import torch
 import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
@@ -61,7 +63,7 @@ def save_checkpoint(out_dir, model: CrammedBert, arch: ArchConfig, train: TrainC
         "tokenizer.json": lambda path: shutil.copyfile(tokenizer_path, path),
         "result.json": lambda path: path.write_text(json.dumps(result, indent=2)),
         # Last to land: a directory with model.safetensors holds a complete checkpoint.
-        "model.safetensors": lambda path: _save_weights(model, path),
+        "model.safetensors": lambda path: save_weights(model, path),
     }
     written: list[tuple[Path, Path]] = []  # (temporary, final) paths
     target = out
@@ -70,9 +72,7 @@ def save_checkpoint(out_dir, model: CrammedBert, arch: ArchConfig, train: TrainC
         for name, write in contents.items():
             target, temporary = out / name, out / f".{name}.tmp-{os.getpid()}"
             written.append((temporary, target))
-            write(temporary)
-            with open(temporary, "rb+") as file:  # a full disk may only show when data reaches it
-                os.fsync(file.fileno())
+            write_synced(temporary, write)
             if after_write is not None:
                 after_write(temporary)
     except OSError as error:
@@ -84,14 +84,28 @@ def save_checkpoint(out_dir, model: CrammedBert, arch: ArchConfig, train: TrainC
     return out
 
 
-def _save_weights(model: CrammedBert, path: Path) -> None:
+def write_synced(path: Path, write: Callable[[Path], None]) -> None:
+    """`write(path)`, then force the file to disk: a full disk may only show when data reaches it."""
+    write(path)
+    with open(path, "rb+") as file:
+        os.fsync(file.fileno())
+
+
+@contextlib.contextmanager
+def safetensors_os_errors() -> Iterator[None]:
+    """safetensors' I/O errors (a full disk) are not OSErrors: make them one."""
     try:
-        save_model(model, str(path))
-    except SafetensorError as error:  # its I/O errors (a full disk) are not OSErrors: make them one
+        yield
+    except SafetensorError as error:
         code = re.search(r"os error (\d+)", str(error))
         if code is None:
             raise
         raise OSError(int(code[1]), os.strerror(int(code[1]))) from error
+
+
+def save_weights(model: torch.nn.Module, path: Path) -> None:
+    with safetensors_os_errors():
+        save_model(model, str(path))
 
 
 def load_checkpoint(path: str | Path, dropout: float = 0.0) -> tuple[CrammedBert, Path]:

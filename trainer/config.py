@@ -16,9 +16,10 @@ from typing import Any
 import yaml
 
 from space.arch import ArchConfig, ArchError, yaml_number_hint
+from space.errors import CramnasError
 
 
-class ConfigError(ValueError):
+class ConfigError(CramnasError):
     pass
 
 
@@ -39,13 +40,19 @@ class TrainConfig:
     mlm_rate: float = 0.25  # masked with the 80/10/10 rule; only these tokens are predicted
     dropout: float = 0.0  # Cramming pretrains without dropout
     seed: int = 0
-    compile: bool = False  # torch.compile: worth it on GPUs, 0-4% on CPU (STACK.md)
+    compile: bool = False  # torch.compile: worth it on GPUs, 0-4% on CPU (docs/stack.md)
     report_every: float = 1 / 16  # progress callback cadence, as a fraction of the budget
+    # Recovery from a diverging step (trainer/rollback.py): a non-finite loss, or one above
+    # spike_factor x the recent median (generous: divergence, not noise; 0 turns it off), returns
+    # to the copy kept every snapshot_every steps; the run fails after max_rollbacks of them.
+    spike_factor: float = 4.0
+    max_rollbacks: int = 3
+    snapshot_every: int = 100
 
     def __post_init__(self) -> None:
         self._check_types()
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
-        positive = ("lr", "eps", "batch_size", "micro_batch", "gradient_clip", "report_every")
+        positive = ("lr", "eps", "batch_size", "micro_batch", "gradient_clip", "report_every", "snapshot_every")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"train.{name}: must be positive, got {getattr(self, name)}")
@@ -60,6 +67,10 @@ class TrainConfig:
             raise ConfigError(f"train.betas: each must be in [0, 1), got {list(self.betas)}")
         if self.seed < 0:
             raise ConfigError(f"train.seed: must not be negative, got {self.seed}")
+        if self.max_rollbacks < 0:
+            raise ConfigError(f"train.max_rollbacks: must not be negative, got {self.max_rollbacks}")
+        if self.spike_factor != 0 and self.spike_factor <= 1:
+            raise ConfigError(f"train.spike_factor: must be above 1 (or 0: off), got {self.spike_factor}")
 
     def _check_types(self) -> None:
         """Each setting has its default's type, so that a wrong one is named rather than failing

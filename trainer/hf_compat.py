@@ -1,7 +1,8 @@
-"""Load a `transformers.BertForMaskedLM` state dict into the original-BERT `CrammedBert`.
+"""Between `transformers.BertForMaskedLM` and the original-BERT `CrammedBert`, both ways.
 
-This is what proves `CrammedBert` is BERT when configured as BERT (a test compares logits), and
-lets a user start from any BERT checkpoint they hold locally.
+`from_hf_bert` proves `CrammedBert` is BERT when configured as BERT (a test compares logits) and
+lets a user start from any BERT checkpoint they hold locally; `to_hf_bert` is its inverse, which
+`trainer.export_hf` uses to export an original-BERT checkpoint as a plain BertForMaskedLM.
 """
 
 from __future__ import annotations
@@ -32,32 +33,57 @@ def arch_from_hf_config(config) -> ArchConfig:
     )
 
 
+QKV = ("query", "key", "value")  # BertForMaskedLM's three matrices, fused in this order into CrammedBert's qkv
+
+
+def _renames(layers: int) -> list[tuple[str, str]]:
+    """(CrammedBert name, BertForMaskedLM name) of every tensor that maps one to one (q, k, v do not)."""
+    pairs = [
+        ("embeddings.tokens.weight", "bert.embeddings.word_embeddings.weight"),
+        ("embeddings.positions.table.weight", "bert.embeddings.position_embeddings.weight"),
+        ("embeddings.segments.weight", "bert.embeddings.token_type_embeddings.weight"),
+        ("head.decoder.bias", "cls.predictions.bias"),
+    ]
+    for kind in ("weight", "bias"):
+        pairs += [
+            (f"embeddings.norm.{kind}", f"bert.embeddings.LayerNorm.{kind}"),
+            (f"head.transform.0.{kind}", f"cls.predictions.transform.dense.{kind}"),
+            (f"head.transform.2.{kind}", f"cls.predictions.transform.LayerNorm.{kind}"),
+        ]
+        for i in range(layers):
+            src, dst = f"bert.encoder.layer.{i}.", f"blocks.{i}."
+            pairs += [
+                (f"{dst}attention.sublayer.out.{kind}", f"{src}attention.output.dense.{kind}"),
+                (f"{dst}attention.norm.{kind}", f"{src}attention.output.LayerNorm.{kind}"),
+                (f"{dst}ffn.sublayer.up.{kind}", f"{src}intermediate.dense.{kind}"),
+                (f"{dst}ffn.sublayer.down.{kind}", f"{src}output.dense.{kind}"),
+                (f"{dst}ffn.norm.{kind}", f"{src}output.LayerNorm.{kind}"),
+            ]
+    return pairs
+
+
 def convert_hf_bert_state_dict(hf: dict[str, torch.Tensor], layers: int) -> dict[str, torch.Tensor]:
     """Rename (and fuse q, k, v of) a BertForMaskedLM state dict into CrammedBert's names."""
-    out = {
-        "embeddings.tokens.weight": hf["bert.embeddings.word_embeddings.weight"],
-        "embeddings.positions.table.weight": hf["bert.embeddings.position_embeddings.weight"],
-        "embeddings.segments.weight": hf["bert.embeddings.token_type_embeddings.weight"],
-        "embeddings.norm.weight": hf["bert.embeddings.LayerNorm.weight"],
-        "embeddings.norm.bias": hf["bert.embeddings.LayerNorm.bias"],
-        "head.transform.0.weight": hf["cls.predictions.transform.dense.weight"],
-        "head.transform.0.bias": hf["cls.predictions.transform.dense.bias"],
-        "head.transform.2.weight": hf["cls.predictions.transform.LayerNorm.weight"],
-        "head.transform.2.bias": hf["cls.predictions.transform.LayerNorm.bias"],
-        "head.decoder.weight": hf.get("cls.predictions.decoder.weight", hf["bert.embeddings.word_embeddings.weight"]),
-        "head.decoder.bias": hf["cls.predictions.bias"],
-    }
+    out = {ours: hf[theirs] for ours, theirs in _renames(layers)}
+    out["head.decoder.weight"] = hf.get("cls.predictions.decoder.weight", hf["bert.embeddings.word_embeddings.weight"])
     for i in range(layers):
-        src, dst = f"bert.encoder.layer.{i}.", f"blocks.{i}."
         for kind in ("weight", "bias"):
-            out[f"{dst}attention.sublayer.qkv.{kind}"] = torch.cat(
-                [hf[f"{src}attention.self.{name}.{kind}"] for name in ("query", "key", "value")]
+            out[f"blocks.{i}.attention.sublayer.qkv.{kind}"] = torch.cat(
+                [hf[f"bert.encoder.layer.{i}.attention.self.{name}.{kind}"] for name in QKV]
             )
-            out[f"{dst}attention.sublayer.out.{kind}"] = hf[f"{src}attention.output.dense.{kind}"]
-            out[f"{dst}attention.norm.{kind}"] = hf[f"{src}attention.output.LayerNorm.{kind}"]
-            out[f"{dst}ffn.sublayer.up.{kind}"] = hf[f"{src}intermediate.dense.{kind}"]
-            out[f"{dst}ffn.sublayer.down.{kind}"] = hf[f"{src}output.dense.{kind}"]
-            out[f"{dst}ffn.norm.{kind}"] = hf[f"{src}output.LayerNorm.{kind}"]
+    return out
+
+
+def to_hf_bert_state_dict(ours: dict[str, torch.Tensor], layers: int) -> dict[str, torch.Tensor]:
+    """The inverse of `convert_hf_bert_state_dict`: CrammedBert names (and split q, k, v) -> BertForMaskedLM's."""
+    out = {theirs: ours[mine] for mine, theirs in _renames(layers)}
+    out["cls.predictions.decoder.weight"] = ours["head.decoder.weight"]  # tied: the token embedding
+    out["cls.predictions.decoder.bias"] = ours["head.decoder.bias"]  # tied to cls.predictions.bias
+    for i in range(layers):
+        for kind in ("weight", "bias"):
+            fused = ours[f"blocks.{i}.attention.sublayer.qkv.{kind}"]
+            for name, part in zip(QKV, fused.chunk(3), strict=True):
+                out[f"bert.encoder.layer.{i}.attention.self.{name}.{kind}"] = part
     return out
 
 
@@ -67,3 +93,34 @@ def from_hf_bert(hf_model) -> CrammedBert:
     model = CrammedBert(arch)
     model.load_state_dict(convert_hf_bert_state_dict(hf_model.state_dict(), arch.layers), strict=True)
     return model
+
+
+def is_original_bert(arch: ArchConfig) -> bool:
+    """Whether `arch` is exactly BERT, so `to_hf_bert` can make it a BertForMaskedLM.
+
+    Sparse prediction is left out: it only changes which logits training computes, not the model.
+    """
+    return all(getattr(arch, name) == value for name, value in ORIGINAL_BERT.items() if name != "sparse_prediction")
+
+
+def hf_config_from_arch(arch: ArchConfig):
+    """The `transformers.BertConfig` of an original-BERT ArchConfig (`arch_from_hf_config` inverted)."""
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=arch.vocab_size, hidden_size=arch.hidden, num_hidden_layers=arch.layers,
+        num_attention_heads=arch.heads, intermediate_size=arch.ffn_inner, hidden_act="gelu",
+        max_position_embeddings=arch.max_seq_len, type_vocab_size=2, initializer_range=arch.init_std,
+        layer_norm_eps=arch.norm_eps,
+    )
+
+
+def to_hf_bert(model: CrammedBert):
+    """A `transformers.BertForMaskedLM` with the weights of an original-BERT CrammedBert."""
+    from transformers import BertForMaskedLM
+
+    if not is_original_bert(model.arch):
+        raise ValueError("to_hf_bert: the architecture is not the original BERT (see ORIGINAL_BERT)")
+    hf = BertForMaskedLM(hf_config_from_arch(model.arch))
+    hf.load_state_dict(to_hf_bert_state_dict(model.state_dict(), model.arch.layers), strict=True)
+    return hf.eval()

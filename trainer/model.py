@@ -19,7 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# trainer.export_hf copies this module into every Hugging Face export, making these imports relative:
+# keep each cramnas import a one-line `from <module> import ...` of a module that needs only torch.
 from space.arch import DEFAULT_MLM_RATE, ArchConfig
+from trainer.masking import IGNORE_INDEX
 
 # ---------------------------------------------------------------------------------------------
 # Norms
@@ -305,6 +308,34 @@ class PredictionHead(nn.Module):
         return self.decoder(self.transform(hidden))
 
 
+POOLINGS = ("cls", "mean")
+
+
+class ClassificationHead(nn.Module):
+    """Cramming's GLUE head (glue.finetune, and the exported transformers model): the first
+    token's state, or the mean of the real tokens' states, -> dense + tanh -> dropout -> linear."""
+
+    def __init__(self, arch: ArchConfig, num_labels: int, dropout: float, pooling: str = "cls"):
+        super().__init__()
+        self.pooling = pooling
+        self.pooler = nn.Linear(arch.hidden, arch.hidden)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(arch.hidden, num_labels)
+        for layer in (self.pooler, self.classifier):  # the encoder's own init, as Cramming does
+            nn.init.normal_(layer.weight, std=arch.init_std)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.pooling == "cls":
+            summary = hidden[:, 0]
+        elif attention_mask is None:
+            summary = hidden.mean(1)
+        else:  # mean over the real tokens, padding left out
+            keep = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            summary = (hidden * keep).sum(1) / keep.sum(1)
+        return self.classifier(self.dropout(torch.tanh(self.pooler(summary))))
+
+
 def padding_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """(B, T) keep-mask -> additive (B, 1, 1, T) bias, or None when nothing is padded.
 
@@ -356,16 +387,16 @@ class CrammedBert(nn.Module):
         return self.head(hidden)
 
     def forward(self, input_ids, labels=None, attention_mask=None, token_type_ids=None):
-        """MLM logits, and the loss when `labels` (-100 = not predicted) are given.
+        """MLM logits, and the loss when `labels` (IGNORE_INDEX = not predicted) are given.
 
         With sparse prediction and labels, logits are (N, V) for the N predicted tokens only:
-        nearly the whole CPU speed-up of a crammed model over BERT (STACK.md).
+        nearly the whole CPU speed-up of a crammed model over BERT (docs/stack.md).
         """
         hidden = self.encode(input_ids, attention_mask, token_type_ids)
         if labels is None:
             return self.mlm_logits(hidden), None
         if self.arch.sparse_prediction:
-            predicted = labels != -100
+            predicted = labels != IGNORE_INDEX
             logits = self.mlm_logits(hidden, predicted)
             return logits, F.cross_entropy(logits.float(), labels[predicted])
         logits = self.mlm_logits(hidden)

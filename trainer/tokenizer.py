@@ -1,16 +1,28 @@
-"""The WordPiece tokenizer cramnas trains for a pretraining corpus.
+"""The WordPiece tokenizer of a pretraining corpus: how it is made, identified, loaded and cached.
 
-Everything here runs inside the Rust `tokenizers` library: normalisation, pre-tokenisation and
-WordPiece. `trainer.data` decides *when* to train one (and caches it); this module only says *how*
-it is made and how it is identified.
+    tokenizer = trained_tokenizer(corpus, vocab_size=8192, normalization="cramming",
+                                  sample_chars=TOKENIZER_SAMPLE_CHARS, root=cache_root())
+    tokenizer = load_tokenizer_file(path, vocab_size=8192)     # or a given tokenizers JSON file
+
+Everything runs inside the Rust `tokenizers` library: normalisation, pre-tokenisation and
+WordPiece. A trained tokenizer learns from a bounded sample of the train documents (the first ones,
+up to `sample_chars` characters; 100M by default) and is cached under <cache>/tokenizers/ by corpus
+identity, vocabulary size, normalisation and sample size, so that a second preparation of the same
+corpus at another sequence length does not train it again. A tokenizer file keeps its own
+normaliser and must have exactly `vocab_size` tokens and the five BERT special tokens.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
+import datasets
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from trainer.cache import FORMAT_VERSION, digest, write_atomically
+from trainer.corpus import HELD_OUT_FRACTION, Corpus, DataError, logged, text_batches
 
 # The ids a trained tokenizer gives them are their positions here: [PAD]=0, [UNK]=1, [CLS]=2,
 # [SEP]=3, [MASK]=4. A tokenizer loaded from a file may number them differently.
@@ -21,6 +33,8 @@ SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]"
 NORMALIZATIONS = ("cramming", "none")
 
 SUBWORD_PREFIX = "##"
+
+TOKENIZER_SAMPLE_CHARS = 100_000_000
 
 
 def build_normalizer(normalization: str) -> normalizers.Normalizer | None:
@@ -94,3 +108,72 @@ def special_ids(tokenizer: Tokenizer) -> dict[str, int | None]:
 def tokenizer_sha256(tokenizer: Tokenizer) -> str:
     """Identity of a tokenizer: its whole serialised form (vocabulary, normaliser, pre-tokeniser)."""
     return hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
+
+
+def load_tokenizer_file(path: Path, vocab_size: int) -> Tokenizer:
+    """A tokenizers JSON file, checked for the special tokens and the vocabulary size."""
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as error:  # tokenizers raises a bare Exception for unreadable or invalid files
+        raise DataError(
+            f"cannot read tokenizer file {path} ({error}); give a tokenizers JSON file"
+        ) from error
+    ids = special_ids(tokenizer)
+    missing = [token for name, token in SPECIAL_TOKENS.items() if ids[name] is None]
+    if missing:
+        raise DataError(
+            f"tokenizer file {path} lacks {' '.join(missing)}; "
+            f"cramnas needs {' '.join(SPECIAL_TOKENS.values())}"
+        )
+    if tokenizer.get_vocab_size() != vocab_size:
+        size = tokenizer.get_vocab_size()
+        raise DataError(
+            f"tokenizer file {path} has {size} tokens, not vocab_size={vocab_size}; pass vocab_size={size}"
+        )
+    # Packing needs whole documents, whatever the file was set up for.
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def trained_tokenizer(
+    corpus: Corpus, vocab_size: int, normalization: str, sample_chars: int, root: Path
+) -> Tokenizer:
+    """The tokenizer trained on `corpus`'s train documents, from <root>/tokenizers/ when cached."""
+    key = digest(
+        {
+            "format_version": FORMAT_VERSION,
+            "source": corpus.source.identity(),
+            "vocab_size": vocab_size,
+            "normalization": normalization,
+            "sample_chars": sample_chars,
+            "held_out_fraction": HELD_OUT_FRACTION,
+        }
+    )
+    path = root / "tokenizers" / f"{key}.json"
+    if path.exists():
+        return Tokenizer.from_file(str(path))
+    train = corpus.documents.train
+    with logged(f"trained a {vocab_size}-token WordPiece tokenizer on up to {sample_chars:,} characters"):
+        tokenizer = train_wordpiece(_tokenizer_sample(train, sample_chars), vocab_size, normalization)
+    if tokenizer.get_vocab_size() > vocab_size:
+        needed = tokenizer.get_vocab_size()
+        raise DataError(
+            f"vocab_size={vocab_size} is smaller than the corpus alphabet, which alone needs "
+            f"{needed} tokens; use vocab_size >= {needed}"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, tokenizer.to_str())
+    return tokenizer
+
+
+def _tokenizer_sample(documents: datasets.Dataset, max_chars: int) -> Iterator[list[str]]:
+    """The first documents, up to and including the one that reaches `max_chars` characters."""
+    taken = 0
+    for batch in text_batches(documents):
+        for end, text in enumerate(batch, start=1):
+            taken += len(text)
+            if taken >= max_chars:
+                yield batch[:end]
+                return
+        yield batch

@@ -3,11 +3,14 @@ when they do not (a missing, duplicated, RUNNING or mismatched MLflow run, a wro
 
 from __future__ import annotations
 
+import pytest
 from mlflow import MlflowClient
 
 from search.audit import audit_study, main
 from search.tracking import StudyTracker
 from tests.dashboard_study import TRAIN, write_study
+
+pytestmark = pytest.mark.slow  # each test writes a synthetic study to a new MLflow store
 
 
 def test_agreeing_stores_pass_and_the_total_is_checked(tmp_path, capsys):
@@ -33,7 +36,7 @@ def test_each_disagreement_is_one_problem(tmp_path, capsys):
     duplicate = client.create_run(tracker.experiment_id(), tags={"cramnas.kind": "trial", "cramnas.trial": "1"},
                                   run_name="t0001-copy").info.run_id
     client.set_terminated(duplicate, "FINISHED")
-    stray = tracker.trial_run(9, study.trials[0].arch, TRAIN)  # left RUNNING
+    stray = tracker.open_trial_run(9, study.trials[0].arch, TRAIN, "stray")  # left RUNNING
     problems = audit_study("broken", uri).problems
     assert len(problems) == 4, problems
     assert any(p.startswith("trial 1: 2 MLflow runs") for p in problems)

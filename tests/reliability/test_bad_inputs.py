@@ -1,10 +1,11 @@
 """The bad-input battery (issue 7 §2): each CLI run as a user runs it, given one malformed input.
 
 Every case runs the real command in a subprocess, in an empty working directory, and must end with
-exit code 2, no traceback, exactly one `error:` line that names the problem and the fix, quickly,
-and without side effects: no `runs/` checkpoint, no MLflow run and no Optuna trial or study
-created (search.run may open its two stores before it reads the data; nothing else may write a
-file there).
+exit code 2, no traceback, exactly one `error:` line that names the problem and the fix, and
+before any work, so without side effects: no data prepared, no `runs/` checkpoint, no MLflow run
+and no Optuna trial or study created (search.run may open its two stores before it reads the data;
+nothing else may write a file there). How long a case takes is not asserted: it depends on the
+machine's load.
 
 These cases add the command-line view to the function-level tables, which they do not repeat:
 tests/test_space_errors.py (the space grammar, ~50 mistakes), tests/test_cram_cli.py (missing
@@ -19,7 +20,6 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +28,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import cli_env, tiny_checkpoint
+from tests.helpers import cli_env, tiny_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_SPACE = REPO / "tests" / "search_files" / "tiny_space.yaml"
 TINY_PROFILE = REPO / "tests" / "search_files" / "tiny_profile.yaml"
 RUN_CONFIG = REPO / "trainer" / "configs" / "crammed-bert-cpu.yaml"
-SECONDS_LIMIT = 60  # a bad input must fail before any expensive work: seconds, even on a loaded machine
 TEXT = ("the quick brown fox jumps over the lazy dog near the river bank while 12 birds sing; "
         "a small cat sleeps on the warm mat and dreams of fish, milk and quiet afternoons.")
 
@@ -246,7 +245,7 @@ CASES = {
 @pytest.fixture(scope="module")
 def tiny_checkpoints(tmp_path_factory) -> dict[int, Path]:
     """{0: a consistent checkpoint of a 1-layer model, 8: one whose arch.yaml and weights have 8 more
-    tokens than its tokenizer.json} (tests/conftest.py's `tiny_checkpoint`)."""
+    tokens than its tokenizer.json} (tests/helpers.py's `tiny_checkpoint`)."""
     return {extra: tiny_checkpoint(tmp_path_factory.mktemp(f"extra{extra}"), extra) for extra in (0, 8)}
 
 
@@ -268,17 +267,26 @@ def store_counts(directory: Path) -> dict[str, int]:
     return counts
 
 
+def prepared(cache: Path) -> set[Path]:
+    """What preparation leaves in the token cache: trained tokenizers and packed data. (Loading a
+    corpus also leaves `datasets`' Arrow copy under hf-datasets/: a vocabulary smaller than the
+    corpus alphabet can only be found by reading the corpus.)"""
+    return {path for kind in ("tokenizers", "data") for path in (cache / kind).glob("*")}
+
+
 @pytest.mark.parametrize("name", CASES)
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_bad_input_is_one_line_before_any_work(name, tmp_path, request, command_env):
     case = CASES[name]
     inputs = Inputs(tmp_path, request)
     args = case.args(inputs)
     before = set(tmp_path.iterdir())
     counts = store_counts(tmp_path)
-    start = time.monotonic()
+    cache = Path(command_env["CRAMNAS_CACHE"])
+    cached = prepared(cache)
     result = subprocess.run([sys.executable, "-m", case.module, *map(str, args)], cwd=tmp_path, env=command_env,
-                            capture_output=True, text=True, timeout=180, check=False)
-    seconds = time.monotonic() - start
+                            capture_output=True, text=True, timeout=300, check=False)
     output = result.stdout + result.stderr
 
     assert result.returncode == 2, output
@@ -287,8 +295,8 @@ def test_bad_input_is_one_line_before_any_work(name, tmp_path, request, command_
     assert len(errors) == 1, output
     missing = [text for text in case.expect if text not in errors[0]]
     assert not missing, f"{missing} not in: {errors[0]}"
-    assert seconds < SECONDS_LIMIT, f"took {seconds:.0f} s"
-    # Nothing trained or recorded: no checkpoint, no run, no trial, no study.
+    # Nothing prepared, trained or recorded: no token cache, no checkpoint, no run, no trial, no study.
+    assert prepared(cache) == cached, "data was prepared before the error"
     created = {path.name for path in set(tmp_path.iterdir()) - before}
     allowed = {"mlflow.db", "optuna.db"} if case.module == "search.run" else set()
     assert created <= allowed, created

@@ -6,14 +6,17 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from optuna.trial import TrialState
 
 from search.run import main
-from tests.conftest import cli_env, requires_shared_data
+from tests.helpers import cli_env, requires_shared_data
 from tests.studies import check_stores_agree, kill_session, study_args, trials_in, wait_for
 
 
 @requires_shared_data
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_driver_killed_mid_study_resumes_to_the_exact_total(wiki_slice_dir, slice_cache, tmp_path):
     args = study_args(tmp_path, wiki_slice_dir, "killed", "--trials", "8", "--controller", "tpe",
                       "--objective", "mlm", "--no-probe", "--no-early-stop", cache_dir=slice_cache)

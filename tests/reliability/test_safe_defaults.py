@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env, free_port, tiny_checkpoint
+from tests.helpers import cli_env, free_port, tiny_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("space", "trainer", "glue", "search", "dashboards", "benchmarks")
@@ -81,7 +81,7 @@ def test_search_keeps_a_local_ray_on_loopback_and_a_cluster_user_free():
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    assert local == "0"  # Ray's switch that puts the node and every port on 127.0.0.1 (STACK.md)
+    assert local == "0"  # Ray's switch that puts the node and every port on 127.0.0.1 (docs/stack.md)
     assert cluster is None
 
 
@@ -112,6 +112,7 @@ def test_the_readme_ui_commands_bind_loopback():
         assert not re.search(r"--host (?!127\.0\.0\.1)", line), line
 
 
+@pytest.mark.slow
 def test_the_mlflow_ui_launcher_binds_loopback_by_default(tmp_path, monkeypatch):
     from dashboards import ui
 
@@ -161,6 +162,7 @@ def test_yaml_is_only_ever_safe_loaded():
             assert loader is None or dotted(loader) in ("yaml.SafeLoader", "yaml.CSafeLoader"), where
 
 
+@pytest.mark.subprocess
 def test_a_python_tag_in_a_space_file_is_refused_by_search_run_and_not_run(tmp_path):
     marker = tmp_path / "executed"
     space = tmp_path / "space.yaml"
@@ -245,6 +247,7 @@ def test_a_pickled_checkpoint_is_refused_and_not_run(weights, checkpoint, tmp_pa
 
 # ---- search.export writes inside the project unless --force ----------------------------------------
 
+@pytest.mark.slow
 def test_export_refuses_to_write_outside_the_project_without_force(tmp_path, capsys):
     import mlflow
     import optuna

@@ -12,16 +12,11 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from search import controllers
+from search.retry import PendingWrites, Retry, TrackingError, TrackingUnavailable
 from search.study import reconcile
-from search.tracking import (
-    PendingWrites,
-    Retry,
-    StudyTracker,
-    TrackingError,
-    TrackingUnavailable,
-)
+from search.tracking import StudyTracker
 from space import load_space
-from tests.conftest import FakeTime, cli_env, requires_shared_data
+from tests.helpers import FakeTime, cli_env, requires_shared_data
 from tests.studies import PROFILE, check_stores_agree, kill_session, study_args, trials_in, wait_for
 from trainer.config import TrainConfig
 
@@ -101,6 +96,7 @@ def test_permanent_errors_are_raised_not_held():
     assert not writes.queue and writes.held_since is None
 
 
+@pytest.mark.slow
 def test_resume_writes_the_runs_mlflow_never_got(tmp_path):
     """Trial 0's run was opened but never closed, trials 1 and 2 never reached MLflow (it was down
     until the driver gave up), trial 3 was running when the driver died."""
@@ -111,23 +107,28 @@ def test_resume_writes_the_runs_mlflow_never_got(tmp_path):
     tracker.start_study({"controller": "random", "train": train})
     numbers = [controllers.ask(study, space).number for _ in range(4)]
     assert numbers == [0, 1, 2, 3]
-    tracker.trial_run(0, study.trials[0].user_attrs["arch"], train)
+    tracker.open_trial_run(0, study.trials[0].user_attrs["arch"], train, study.trials[0].user_attrs["fingerprint"])
     controllers.tell(study, 0, values=[3.0], metrics={"validation_loss": 3.0, "tokens": 640.0})
     controllers.tell(study, 1, state="failed", reason="RuntimeError: boom")
     controllers.tell(study, 2, values=[2.5], metrics={"validation_loss": 2.5, "tokens": 640.0})
 
     assert reconcile(study, tracker, train) == {"stale_trials": 1, "rebuilt_runs": 2, "closed_runs": 4}
-    runs = {int(r["trial"]): r for r in tracker.trial_runs().to_dict("records")}
+    runs = {int(r["trial"]): r for r in tracker.trial_table().to_dict("records")}
     assert {n: r["status"] for n, r in runs.items()} == {0: "FINISHED", 1: "FAILED", 2: "FINISHED", 3: "KILLED"}
     assert [runs[n]["metrics.validation_loss"] for n in (0, 2)] == [3.0, 2.5]
     assert runs[1]["tags.cramnas.failure_reason"] == "RuntimeError: boom"
     assert runs[3]["tags.cramnas.failure_reason"] == "driver died"
     assert runs[2]["params.arch.layers"] == str(study.trials[2].user_attrs["arch"]["layers"])
     assert reconcile(study, tracker, train) == {"stale_trials": 0, "rebuilt_runs": 0, "closed_runs": 0}
-    assert len(tracker.trial_runs()) == 4
+    assert len(tracker.trial_table()) == 4
+    assert {n: r["tags.cramnas.state"] for n, r in runs.items()} == {0: "complete", 1: "failed", 2: "complete",
+                                                                     3: "failed"}
+    assert runs[1]["tags.cramnas.fingerprint"] == study.trials[1].user_attrs["fingerprint"]  # carried, not rebuilt
 
 
 @requires_shared_data
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_study_carries_on_through_a_tracking_server_restart(wiki_slice_dir, slice_cache, tmp_path, tracking_server):
     trials = 10
     args = study_args(tmp_path, wiki_slice_dir, "outage", "--trials", str(trials), "--controller", "random",

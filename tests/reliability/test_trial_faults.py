@@ -12,8 +12,9 @@ import pytest
 from optuna.trial import TrialState
 
 from search.run import main
+from search.tracking import StudyTracker
 from search.trial import FAULT_KINDS, parse_faults
-from tests.conftest import requires_shared_data
+from tests.helpers import requires_shared_data
 from tests.studies import check_stores_agree, study_args
 from trainer.checkpoint import load_checkpoint
 
@@ -39,6 +40,7 @@ def test_a_misspelt_fault_fails_the_study_in_one_line(wiki_slice_dir, tmp_path, 
 
 
 @requires_shared_data
+@pytest.mark.slow
 def test_each_fault_costs_only_its_trial(wiki_slice_dir, slice_cache, tmp_path, monkeypatch):
     """Trials 0 and 6 are healthy; 1-5 each get one fault. The GLUE probe runs in the complete
     trials and each writes its checkpoint (--save-checkpoints)."""
@@ -53,7 +55,7 @@ def test_each_fault_costs_only_its_trial(wiki_slice_dir, slice_cache, tmp_path, 
     by_trial = {int(r["trial"]): r for r in runs}
     for number, reason in reasons.items():  # the same reason in both stores
         assert by_trial[number]["tags.cramnas.failure_reason"] == reason
-        assert by_trial[number]["tags.cramnas.status"] == "failed"
+        assert by_trial[number]["tags.cramnas.state"] == "failed"
     assert "injected fault in trial 1" in reasons[1]
     assert reasons[2].startswith("NonFiniteLoss: training loss became nan")
     assert "checkpoint write failed: No space left on device" in reasons[4]
@@ -82,7 +84,17 @@ def test_each_fault_costs_only_its_trial(wiki_slice_dir, slice_cache, tmp_path, 
         model, _ = load_checkpoint(tagged)
         assert model.num_params() == float(by_trial[number]["metrics.params"])
         assert json.loads((tagged / "result.json").read_text())["checkpoint"] == str(tagged)
+        # The driver logged its Hugging Face export to the trial's run (trainer/export_hf.py).
+        exported = {item.path for item in client.list_artifacts(by_trial[number]["run_id"], "hf_model")}
+        assert "hf_model/config.json" in exported and "hf_model/model.safetensors" in exported
+        assert not isinstance(by_trial[number].get("tags.cramnas.hf_export_error"), str)
+        metrics = {key: float(by_trial[number][f"metrics.{key}"]) for key in
+                   ("validation_loss", "unigram_floor", "nats_below_unigram")}  # forwarded from the worker
+        assert metrics["nats_below_unigram"] == pytest.approx(metrics["unigram_floor"] - metrics["validation_loss"])
     assert result_json(0)["probe"]["tasks"] == ["rte", "stsb"]
+    # The floor is the prepared data's: recorded once, on the study run.
+    study_run = StudyTracker(f"sqlite:///{tmp_path}/mlflow.db", "faults").study_run()
+    assert float(study_run.data.params["unigram_floor"]) == pytest.approx(metrics["unigram_floor"], abs=1e-4)
     assert list((checkpoints / "t0004").iterdir()) == []  # no model.safetensors, no temporary file
     assert not isinstance(by_trial[4].get("tags.cramnas.checkpoint"), str)  # (NaN in the frame)
     assert sorted(path.name for path in checkpoints.iterdir()) == ["t0000", "t0003", "t0004", "t0006"]

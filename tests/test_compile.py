@@ -1,0 +1,64 @@
+"""Compile, fairly (issue 13): every architecture of a process is compiled, and compiling is not
+paid out of the trial's budget.
+
+A counting backend stands in for inductor: it sees every graph dynamo hands to a backend, without
+the code generation that would take minutes on this CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from space.arch import ArchConfig
+from tests.helpers import SLICE_SEQ, SLICE_VOCAB, FakeTime
+from trainer import loop
+from trainer.budget import Budget
+from trainer.config import TrainConfig
+from trainer.cram import cram
+
+ARCH = ArchConfig(layers=1, hidden=32, heads=2, ffn_mult=2.0, vocab_size=SLICE_VOCAB, max_seq_len=SLICE_SEQ)
+TRAIN = TrainConfig(batch_size=8, micro_batch=8, seed=1, compile=True)
+
+
+class CountingBackend:
+    """A torch.compile backend that runs graphs as they are and counts them."""
+
+    def __init__(self, on_compile=None) -> None:
+        self.graphs, self.on_compile = 0, on_compile
+
+    def __call__(self, graph_module, example_inputs):
+        self.graphs += 1
+        if self.on_compile is not None:
+            self.on_compile()
+        return graph_module.forward
+
+
+@pytest.mark.slow
+def test_ten_architectures_in_one_process_are_all_compiled(wiki_slice, monkeypatch, caplog):
+    backend = CountingBackend()
+    monkeypatch.setattr(loop, "COMPILE_BACKEND", backend)
+    variants = [dict(position=position) for position in ("learned", "sinusoidal", "scaled_sinusoidal", "rotary",
+                                                          "alibi", "none")]
+    variants += [dict(ffn_kind="swiglu"), dict(norm_placement="post"), dict(norm_kind="rmsnorm"), dict(layers=2)]
+    assert len(variants) == 10
+    caplog.set_level(logging.WARNING, logger="torch._dynamo")
+    for number, changes in enumerate(variants):
+        before = backend.graphs
+        result = cram(ARCH.replace(**changes), TRAIN, wiki_slice, Budget.parse(f"{16 * SLICE_SEQ}tokens"))
+        assert result.compiled and backend.graphs > before, f"architecture {number} ({changes}) was not compiled"
+    assert not [record for record in caplog.records if "recompile_limit" in record.getMessage()
+                or "cache_size_limit" in record.getMessage()]
+
+
+def test_the_budget_clock_starts_after_a_slow_compile(wiki_slice, monkeypatch):
+    fake = FakeTime()
+    monkeypatch.setattr(loop.Trainer, "clock", staticmethod(fake.clock))
+    # Compiling takes 100 s on the fake clock (the first graph); every forward pass takes 0.35 s.
+    backend = CountingBackend(on_compile=lambda: fake.advance(100.0) if backend.graphs == 1 else None)
+    monkeypatch.setattr(loop, "COMPILE_BACKEND", backend)
+    result = cram(ARCH, TRAIN, wiki_slice, Budget.parse("5s"), before_forward=lambda rows: fake.advance(0.35))
+    assert result.compile_seconds >= 100.0
+    assert abs(result.seconds - 5.0) <= 0.35 / 2 and result.micro_steps == 14  # the whole 5 s trained
+    assert result.tokens_per_s == pytest.approx(result.tokens / result.seconds)

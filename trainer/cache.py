@@ -1,0 +1,40 @@
+"""The on-disk cache of prepared pretraining data: where it lives, how entries are named, how a
+file is written so that a killed process never leaves a truncated one.
+
+    <cache>/tokenizers/<key>.json         trained tokenizers (`trainer.tokenizer`)
+    <cache>/data/<fingerprint>/           packed sequences and their manifest (`trainer.data`)
+    <cache>/hf-datasets/                  the `datasets` Arrow copy of loaded corpora (`trainer.corpus`)
+
+The cache root is `cache_dir`, else $CRAMNAS_CACHE, else ~/.cache/cramnas. Every entry is named
+by a digest of what it depends on, so a changed input never meets a stale entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+
+# Part of every fingerprint: bump it when the cache layout or the packing changes.
+FORMAT_VERSION = 1
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """`cache_dir`, else $CRAMNAS_CACHE, else ~/.cache/cramnas."""
+    return Path(
+        cache_dir or os.environ.get("CRAMNAS_CACHE") or Path.home() / ".cache" / "cramnas"
+    ).expanduser()
+
+
+def digest(identity: dict) -> str:
+    """The name of a cache entry: a short hash of everything it depends on."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write under a temporary name and rename: readers see the old file or the whole new one."""
+    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    partial.write_text(text)
+    partial.replace(path)
