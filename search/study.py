@@ -130,7 +130,8 @@ def run_study(plan: StudyPlan) -> int:
         if plan.address:
             ray.init(address=plan.address, log_to_driver=False)
         else:
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+            # address="local": a new local Ray, never a `ray start` cluster that happens to run here
+            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
                      _temp_dir=str(Path(tempfile.gettempdir()) / "cramnas-ray-session"))
         placeable = ray.cluster_resources()  # this machine's, or the cluster's with --address
         concurrent = concurrency(plan.resources, {"cpu": placeable.get("CPU", 1), "gpu": placeable.get("GPU", 0)},

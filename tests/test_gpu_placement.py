@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -65,7 +66,9 @@ def _run_placement(gpus_per_trial: float, trials: int, storage: str) -> list[dic
     resources = {"cpu": 0.5, "gpu": gpus_per_trial}
     # Ray workers cannot import a test module: ship `_placement` by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    # A new local Ray with fake GPUs, never a cluster another test or user started on this machine.
+    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False,
+             _temp_dir=str(Path(tempfile.gettempdir()) / "cramnas-ray-placement"))
     try:
         placeable = ray.cluster_resources()
         concurrent = concurrency(resources, {"cpu": placeable["CPU"], "gpu": placeable["GPU"]}, None, print)
