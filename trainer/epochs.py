@@ -14,8 +14,7 @@ import torch
 
 from trainer.budget import Budget
 from trainer.data import PretrainData
-from trainer.device import autocast
-from trainer.masking import mask_tokens
+from trainer.loop import mlm_backward
 
 
 def corpus_tokens(data: PretrainData) -> int:
@@ -60,12 +59,7 @@ def measure_speed(model: torch.nn.Module, data: PretrainData, mlm_rate: float, m
     try:
         for _ in range(passes + 1):  # the first pass warms up
             start = time.perf_counter()
-            ids, labels = mask_tokens(rows, mlm_rate, special_ids=data.special_ids, vocab_size=data.vocab_size,
-                                      generator=generator)
-            with autocast(device):
-                _, loss = model(ids.to(device), labels=labels.to(device))
-            loss.backward()
-            float(loss.detach())  # waits for the device
+            float(mlm_backward(model, rows, data, mlm_rate, device, generator))  # float() waits for the device
             seconds.append(time.perf_counter() - start)
     except torch.OutOfMemoryError:
         return None

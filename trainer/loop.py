@@ -47,6 +47,19 @@ class Progress:
     lr: float
 
 
+def mlm_backward(step_fn: Callable, rows: torch.Tensor, data: PretrainData, mlm_rate: float, device: torch.device,
+                 generator: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    """One micro-step's work: mask `rows`, run the MLM forward on `device`, backpropagate `scale` x
+    the loss; the loss, detached. Shared by training, the compile warm-up and the speed probe
+    (`trainer.epochs.measure_speed`)."""
+    ids, labels = mask_tokens(rows, mlm_rate, special_ids=data.special_ids, vocab_size=data.vocab_size,
+                              generator=generator)
+    with autocast(device):
+        _, loss = step_fn(ids.to(device, non_blocking=True), labels=labels.to(device))
+    (loss * scale).backward()
+    return loss.detach()
+
+
 def build_optimizer(model: torch.nn.Module, train: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW with no weight decay on norms, biases and scalars (Cramming's `limited_decay_keys`).
 
@@ -127,11 +140,7 @@ class Trainer(resume.ResumableState):
         # weights, optimizer state and the data order are untouched.
         generator = torch.Generator().manual_seed(self.train.seed)
         rows = torch.randint(0, self.data.vocab_size, (self.micro_batch, self.arch.max_seq_len), generator=generator)
-        ids, labels = mask_tokens(rows, self.train.mlm_rate, special_ids=self.data.special_ids,
-                                  vocab_size=self.data.vocab_size, generator=generator)
-        with autocast(self.device):
-            _, loss = step_fn(ids.to(self.device), labels=labels.to(self.device))
-        loss.backward()
+        mlm_backward(step_fn, rows, self.data, self.train.mlm_rate, self.device, generator)
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -164,12 +173,8 @@ class Trainer(resume.ResumableState):
     def forward_backward(self, rows: torch.Tensor, scale: float) -> float:
         if self.before_forward is not None:
             self.before_forward(len(rows))
-        ids, labels = mask_tokens(rows, self.train.mlm_rate, special_ids=self.data.special_ids,
-                                  vocab_size=self.data.vocab_size, generator=self.generator)
-        with autocast(self.device):
-            _, loss = self.step_fn(ids.to(self.device, non_blocking=True), labels=labels.to(self.device))
-        (loss * scale).backward()
-        return float(loss.detach())
+        loss = mlm_backward(self.step_fn, rows, self.data, self.train.mlm_rate, self.device, self.generator, scale)
+        return float(loss)
 
     def micro_step(self, rows: torch.Tensor, scale: float) -> float:
         """Forward/backward of `rows` in chunks of `self.micro_batch` rows (one chunk unless memory
