@@ -28,6 +28,7 @@ from search.stats import mean_interval
 
 STATE_COLUMN = f"tags.{STATE_TAG}"
 LOSS = "metrics.validation_loss"  # what the search logs (trainer.cram's CramResult name)
+PROBE = "metrics.probe_average"  # the GLUE probe score (search.trial.trial_metrics); NaN for a study without the probe
 # How far below the unigram floor the loss ended (trainer/unigram.py): what a trial learned beyond
 # token frequencies. NaN for runs logged before the floor was.
 BELOW_FLOOR = "metrics.nats_below_unigram"
@@ -308,11 +309,7 @@ def confirmation_ranking(confirmations: pd.DataFrame, trials: pd.DataFrame, scor
     `low`, `high` (95% interval over seeds), `below_mean`, `below_low`, `below_high` (the same for
     the nats below the unigram floor), `rank`."""
     runs = prepare(confirmations) if "state" not in confirmations else confirmations
-    # The original is named twice: by run id (`cramnas.confirmation_of`, which survives renumbering)
-    # and by number (`cramnas.original_trial`, the reader's `trial` column).
-    by_run = dict(zip(trials["run_id"], trials["trial"], strict=True))
-    of_run = runs.get("tags.cramnas.confirmation_of", pd.Series(np.nan, index=runs.index, dtype=object)).map(by_run)
-    runs = runs.assign(original_trial=of_run.fillna(pd.to_numeric(runs["trial"], errors="coerce")))
+    runs = runs.assign(original_trial=_original_trials(runs, trials))
     records = []
     for number, group in runs.dropna(subset=["original_trial"]).groupby("original_trial"):
         trial = trials[trials["trial"] == int(number)]
@@ -329,6 +326,15 @@ def confirmation_ranking(confirmations: pd.DataFrame, trials: pd.DataFrame, scor
     table = score.sort(table, "mean").reset_index(drop=True)
     table["rank"] = np.arange(1, len(table) + 1)
     return table
+
+
+def _original_trials(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.Series:
+    """The trial each confirmation run re-trained. It is named twice: by run id
+    (`cramnas.confirmation_of`, which survives renumbering) and by number (`cramnas.original_trial`,
+    the reader's `trial` column)."""
+    by_run = dict(zip(trials["run_id"], trials["trial"], strict=True))
+    of_run = runs.get("tags.cramnas.confirmation_of", pd.Series(np.nan, index=runs.index, dtype=object)).map(by_run)
+    return of_run.fillna(pd.to_numeric(runs["trial"], errors="coerce"))
 
 
 def lead_within_noise(ranking: pd.DataFrame) -> bool | None:
@@ -360,3 +366,94 @@ def rank_correlation(ranking: pd.DataFrame) -> RankCorrelation:
     tau = stats.kendalltau(pairs["original"], pairs["mean"])
     return RankCorrelation(len(pairs), float(rho.statistic), float(rho.pvalue), float(tau.statistic),
                            float(tau.pvalue))
+
+
+# ---- search vs hand design ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HandDesign:
+    """Confirmed candidates against the baselines (`search.confirm --baselines`) under one budget."""
+
+    budget: str | None  # the latest baseline run's: search and hand design are compared there only
+    runs: pd.DataFrame  # both kinds' runs under it: `configuration` ("trial 7" or the config name), `kind`, `seed`
+    table: pd.DataFrame  # `configuration_table`
+    paired: pd.DataFrame  # `paired_differences` of the best confirmed candidate against each baseline
+
+
+def hand_design(confirmations: pd.DataFrame, baselines: pd.DataFrame, trials: pd.DataFrame, score: Score) -> HandDesign:
+    """Every confirmed candidate and every baseline trained under the baselines' budget, side by
+    side; then the best candidate (by mean score) against each baseline, seed by seed."""
+    budget = None
+    if not baselines.empty and "params.budget" in baselines:
+        recorded = baselines.dropna(subset=["params.budget"]).sort_values("start_time", kind="stable")
+        budget = str(recorded["params.budget"].iloc[-1]) if len(recorded) else None
+    frames = []
+    if not confirmations.empty:
+        runs = prepare(confirmations) if "state" not in confirmations else confirmations
+        original = _original_trials(runs, trials)
+        frames.append(runs.assign(kind="search", configuration=original.map(
+            lambda number: f"trial {int(number)}" if pd.notna(number) else None)))
+    if not baselines.empty:
+        runs = prepare(baselines) if "state" not in baselines else baselines
+        frames.append(runs.assign(kind="baseline", configuration=runs["baseline"]))
+    runs = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["configuration", "kind"])
+    if "params.budget" not in runs:
+        runs["params.budget"] = None
+    runs = runs[(runs["params.budget"] == budget) & runs["configuration"].notna()].copy()
+    runs["seed"] = pd.to_numeric(runs.get("tags.cramnas.seed", pd.Series(np.nan, index=runs.index)), errors="coerce")
+    table = configuration_table(runs, score)
+    searched = table[(table["kind"] == "search") & np.isfinite(table["score_mean"].astype(float))]
+    best = searched["configuration"].iloc[0] if len(searched) else None  # the table is sorted best first
+    paired = paired_differences(runs, best, list(table.loc[table["kind"] == "baseline", "configuration"]), score)
+    return HandDesign(budget, runs, table, paired)
+
+
+def configuration_table(runs: pd.DataFrame, score: Score) -> pd.DataFrame:
+    """One row per configuration of `hand_design`'s runs, best mean score first: `configuration`,
+    `kind`, `n` complete seeds, `failed`, then mean, low and high (95% interval over complete seeds)
+    of the `score`, the validation `loss`, the nats `below` the unigram floor and the `probe`
+    average, mean `tokens_per_s` and `params`, and `rank`."""
+    records = []
+    for (configuration, kind), group in runs.groupby(["configuration", "kind"], sort=False):
+        complete = group[group["state"] == COMPLETE]
+        record = {"configuration": configuration, "kind": kind, "failed": int((group["state"] == FAILED).sum())}
+        for name, column in (("score", score.column), ("loss", LOSS), ("below", BELOW_FLOOR), ("probe", PROBE)):
+            ci = mean_ci(complete[column].astype(float))
+            record |= {f"{name}_mean": ci.mean, f"{name}_low": ci.low, f"{name}_high": ci.high}
+        record |= {"n": int(np.isfinite(complete[score.column].astype(float)).sum()),
+                   "tokens_per_s": float(complete["metrics.tokens_per_s"].astype(float).mean()),
+                   "params": float(complete["metrics.params"].astype(float).mean())}
+        records.append(record)
+    columns = ["configuration", "kind", "n", "failed"] + [f"{name}_{part}" for name in ("score", "loss", "below", "probe")
+                                                          for part in ("mean", "low", "high")]
+    table = pd.DataFrame(records, columns=[*columns, "tokens_per_s", "params"])
+    table = score.sort(table, "score_mean").reset_index(drop=True)
+    table["rank"] = np.arange(1, len(table) + 1)
+    return table
+
+
+def paired_differences(runs: pd.DataFrame, best: str | None, baselines: list[str], score: Score) -> pd.DataFrame:
+    """`best` minus each baseline on the score, paired by seed (both complete with a finite score):
+    `baseline`, `best`, `n` pairs, `mean`, `low`, `high` (95% interval of the mean difference),
+    `best_ahead` (the mean difference favours `best`) and `outside_noise` (the interval excludes 0;
+    None below two pairs). Pairing removes what the seeds share (data order, masking), so it can
+    tell apart configurations whose own intervals overlap."""
+    columns = ["baseline", "best", "n", "mean", "low", "high", "best_ahead", "outside_noise"]
+    if best is None:
+        return pd.DataFrame(columns=columns)
+    valid = runs[(runs["state"] == COMPLETE) & np.isfinite(runs[score.column].astype(float)) & runs["seed"].notna()]
+
+    def by_seed(configuration: str) -> pd.Series:
+        rows = valid[valid["configuration"] == configuration]
+        return rows.groupby("seed")[score.column].mean().astype(float)  # one run per seed; mean guards duplicates
+
+    ours = by_seed(best)
+    records = []
+    for baseline in baselines:
+        difference = (ours - by_seed(baseline)).dropna()
+        ci = mean_ci(difference)
+        ahead = None if not ci.n else bool(ci.mean > 0 if score.higher_is_better else ci.mean < 0)
+        records.append({"baseline": baseline, "best": best, "n": ci.n, "mean": ci.mean, "low": ci.low, "high": ci.high,
+                        "best_ahead": ahead,
+                        "outside_noise": None if not ci.has_interval else bool(ci.low > 0 or ci.high < 0)})
+    return pd.DataFrame(records, columns=columns)

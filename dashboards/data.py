@@ -1,4 +1,4 @@
-"""A study as the dashboards read it: its MLflow experiment, study run, trial and confirmation runs.
+"""A study as the dashboards read it: its MLflow experiment, study run, trial, confirmation and baseline runs.
 
 Only reads. Checks that would otherwise fail deep inside MLflow (a store that does not exist, a
 study that is not in it) raise `UsageError` with one line naming the flag and the fix; the CLIs
@@ -7,7 +7,7 @@ print it and exit 2.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 from mlflow import MlflowClient
@@ -61,6 +61,8 @@ class StudyData:
     trials: pd.DataFrame  # `StudyTracker.trial_table`, prepared (analysis.prepare)
     confirmations: pd.DataFrame  # `StudyTracker.confirmation_table`, prepared
     score: Score
+    # `StudyTracker.baseline_table`, prepared: hand-designed configs trained beside the confirmations
+    baselines: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def setting(self, key: str) -> str | None:
         return _setting(self.study_run, key)
@@ -77,11 +79,12 @@ def load_study(study: str, uri: str | None = None) -> StudyData:
         tracker = StudyTracker(uri, study)
         runs = client.search_runs([exp_id], f"tags.`{TAG}kind` = 'study'", max_results=1)
         trials, confirmations = prepare(tracker.trial_table()), prepare(tracker.confirmation_table())
+        baselines = prepare(tracker.baseline_table())
     except TrackingError as error:
         raise UsageError(f"--tracking-uri: {error}") from None
     study_run = runs[0] if runs else None
     score = choose_score(_setting(study_run, "objective"), trials)
-    return StudyData(study, uri, exp_id, study_run, trials, confirmations, score)
+    return StudyData(study, uri, exp_id, study_run, trials, confirmations, score, baselines)
 
 
 def _setting(study_run: Run | None, key: str) -> str | None:

@@ -3,8 +3,9 @@
 The file carries plotly.js inline, so it opens offline and can be mailed around; it is also logged
 as an artifact of the study's MLflow run. Sections: best so far (by trial and by device-hours),
 Pareto fronts, parameter importance, the ablation table, the lineage tree (evolution), failures,
-compute accounting, the top trials with links into the MLflow UI, and the confirmation runs
-(`search.confirm`). The statistics are `dashboards.analysis`; this module only lays them out.
+compute accounting, the top trials with links into the MLflow UI, the confirmation runs
+(`search.confirm`) and search against hand design (`search.confirm --baselines`). The statistics
+are `dashboards.analysis`; this module only lays them out.
 """
 
 from __future__ import annotations
@@ -271,6 +272,49 @@ class Report:
             parts.append(figure_html(fig, height=380))
         return "".join(parts)
 
+    def hand_design(self) -> str:
+        if self.data.baselines.empty:
+            return (f'<p class="muted">No baseline runs yet. Train hand-designed configurations with the seeds and '
+                    f'budget of the confirmations: <code>python -m search.confirm --study {esc(self.data.name)} '
+                    f'--baselines crammed-bert-cpu,bert-original-cpu</code> (any trainer/configs/ name).</p>')
+        result = analysis.hand_design(self.data.confirmations, self.data.baselines, self.trials, self.score)
+        first = {c: result.runs[result.runs["configuration"] == c].iloc[0] for c in result.table["configuration"]}
+        # Columns: the score unless it is the loss or the probe average, which have their own.
+        extra = self.score.column not in (LOSS, analysis.PROBE)
+        body = []
+        for r in result.table.itertuples():
+            name = esc(r.configuration) if r.kind == "baseline" else f"<b>{esc(r.configuration)}</b>"
+            cells = [str(r.rank), name, esc(architecture(first[r.configuration]))]
+            cells += [interval(r.score_mean, r.score_low, r.score_high)] if extra else []
+            body.append([*cells, interval(r.loss_mean, r.loss_low, r.loss_high),
+                         interval(r.below_mean, r.below_low, r.below_high), interval(r.probe_mean, r.probe_low, r.probe_high),
+                         num(r.tokens_per_s), human(r.params), str(r.n), str(r.failed)])
+        headers = ["rank", "configuration", "architecture"] + ([f"{self.score.label} [95% CI]"] if extra else [])
+        headers += ["validation MLM loss [95% CI]", "nats below floor [95% CI]", "probe average [95% CI]", "tokens/s",
+                    "params", "seeds", "failed seeds"]
+        parts = [f"<p>Every run under {esc(result.budget)}, with the same seeds; search configurations in bold, "
+                 f"ranked by {esc(self.score.label)}.</p>",
+                 table(headers, body, numeric=(0, *range(3, len(headers))))]
+        if result.paired.empty:
+            parts.append(f"<p>No confirmed configuration under {esc(result.budget)} to set against the baselines: "
+                         f"run <code>python -m search.confirm --study {esc(self.data.name)} --budget "
+                         f"{esc(result.budget)}</code> with the --seeds the baselines had.</p>")
+            return "".join(parts)
+        rows = []
+        for r in result.paired.itertuples():
+            if r.outside_noise is None:
+                verdict = '<span class="muted">fewer than two paired seeds: no interval</span>'
+            elif r.outside_noise:
+                verdict = f'<span class="apart">outside noise: {"ahead" if r.best_ahead else "behind"}</span>'
+            else:
+                verdict = '<span class="muted">within noise (the interval contains 0)</span>'
+            rows.append([esc(r.best), esc(r.baseline), str(r.n), interval(r.mean, r.low, r.high), verdict])
+        parts.append(f"<p>The best confirmed configuration against each baseline: its {esc(self.score.label)} minus "
+                     f"the baseline's, seed by seed, with a 95% interval of the mean difference.</p>")
+        parts.append(table(["search", "baseline", "paired seeds", "difference [95% CI]", "verdict"], rows,
+                           numeric=(2, 3)))
+        return "".join(parts)
+
 
 SECTIONS = (  # id, heading, one sentence of what it shows, method
     ("progress", "Best so far", ("The best score among complete trials, against the trial number and against the "
@@ -289,6 +333,9 @@ SECTIONS = (  # id, heading, one sentence of what it shows, method
     ("top", "Top trials", "The best complete trials, linked to their MLflow runs.", "top_table"),
     ("confirmation", "Confirmation", ("The top configurations re-trained with new seeds (search.confirm), ranked by "
      "their mean score."), "confirmation"),
+    ("hand-design", "Search vs hand design", ("The confirmed configurations and the hand-designed baselines "
+     "(search.confirm --baselines) under the same budget and seeds, and the best of the search against each "
+     "baseline, paired by seed."), "hand_design"),
 )
 
 

@@ -18,6 +18,13 @@ its reason and the others go on. Running the same command again skips what compl
 `--retry-failed` re-runs those) and re-does a run left KILLED or RUNNING, in the same MLflow run.
 The table at the end gives, per candidate, its original score and the confirmed mean with a 95%
 Student-t interval.
+
+`--baselines crammed-bert-cpu,bert-original-cpu` trains hand-designed configurations beside the
+candidates (trainer/configs/<name>.yaml: the config's architecture and its own training recipe, as
+the hand design includes one) with the same seeds, under the same budget and probe, so the table
+ranks search against hand design. Each is one run per seed, tagged `cramnas.kind=baseline` and
+`cramnas.baseline=<name>` (`StudyTracker.open_baseline_run`), skipped or re-done as confirmations
+are. `--top 0 --baselines ...` trains the baselines alone.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from search.objectives import DEFAULT_OBJECTIVE, Objective, objective_named
@@ -46,20 +54,38 @@ if TYPE_CHECKING:  # imported for real only once the flags are checked
     from trainer.data import PretrainData
 
 SEED_OFFSET = 1000  # confirmation seeds start above the study's, far from any seed a user picks by hand
+BASELINES = Path(__file__).resolve().parents[1] / "trainer" / "configs"  # where --baselines names are looked up
 
 
 @dataclass
 class Candidate:
-    """One trial to confirm: its rank in the study, its run and what it was trained with."""
+    """One configuration to train with each seed: a trial to confirm (its rank in the study, its
+    run and score), or a hand-designed `baseline` (its config name; no rank, trial, run or score)."""
 
-    rank: int
-    trial: int
-    run_id: str
-    score: float
+    rank: int | None
+    trial: int | None
+    run_id: str | None
+    score: float | None
     arch: dict[str, Any]
     train: dict[str, Any]
     fingerprint: str | None
     data_fingerprint: str | None
+    baseline: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"baseline {self.baseline}" if self.baseline is not None else f"trial {self.trial}"
+
+    def find_run(self, tracker: StudyTracker, seed: int, budget: str) -> Run | None:
+        if self.baseline is not None:
+            return tracker.find_baseline_run(self.baseline, seed, budget)
+        return tracker.find_confirmation_run(self.run_id, seed, budget)
+
+    def open_run(self, tracker: StudyTracker, seed: int, index: int, train: dict[str, Any], budget: str) -> str:
+        if self.baseline is not None:
+            return tracker.open_baseline_run(self.baseline, seed, index, self.arch, train, budget, self.fingerprint)
+        return tracker.open_confirmation_run(self.run_id, self.trial, seed, index, self.arch, train, budget,
+                                             self.fingerprint)
 
     @property
     def data_shape(self) -> tuple[int, int]:
@@ -77,14 +103,19 @@ class ConfirmPlan:
     budget: Budget
     seeds: list[int]
     candidates: list[Candidate]
+    baselines: list[Candidate]
     probe: Probe | None  # the study's probe, without the seed (each run's own); None: no probe
     data: dict[tuple[int, int], PretrainData] = field(default_factory=dict)  # (vocab, seq) -> data
     retry_failed: bool = False
 
+    @property
+    def configurations(self) -> list[Candidate]:
+        return [*self.candidates, *self.baselines]
+
 
 @dataclass
 class SeedOutcome:
-    """How one (candidate, seed) confirmation ended."""
+    """How one (candidate or baseline, seed) run ended."""
 
     candidate: Candidate
     seed: int
@@ -99,7 +130,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m search.confirm",
                                      description="Re-train a study's best architectures with new seeds.")
     parser.add_argument("--study", required=True, help="the study to confirm (its MLflow experiment)")
-    parser.add_argument("--top", type=int, default=5, help="candidates: the study's best complete trials")
+    parser.add_argument("--top", type=int, default=5, help="candidates: the study's best complete trials "
+                                                           "(0: none, with --baselines)")
+    parser.add_argument("--baselines", help="hand-designed configs to train beside them with the same seeds, "
+                                            "e.g. crammed-bert-cpu,bert-original-cpu (trainer/configs/<name>.yaml)")
     parser.add_argument("--seeds", type=int, default=3, help="new seeds per candidate")
     parser.add_argument("--budget", help="per-run budget: 60s, 5m, 2e7tokens, 1e15flops, cramming-day ... (default: the study's)")
     parser.add_argument("--tracking-uri", help="the MLflow store the search used "
@@ -151,17 +185,37 @@ def pick_candidates(tracker: StudyTracker, objective: Objective, top: int) -> li
     return candidates
 
 
+def load_baselines(names: str) -> list[Candidate]:
+    """The hand-designed configs `names` (comma-separated, trainer/configs/<name>.yaml) as
+    candidates with their own architecture and training recipe."""
+    from trainer.config import load_run_config
+
+    available = sorted(path.stem for path in BASELINES.glob("*.yaml"))
+    wanted = list(dict.fromkeys(name.strip() for name in names.split(",") if name.strip()))  # in order, once each
+    unknown = [name for name in wanted if name not in available]
+    if not wanted or unknown:
+        raise UsageError(f"--baselines: unknown config {(unknown or [names])[0]!r}; available: {', '.join(available)}")
+    baselines = []
+    for name in wanted:
+        config = load_run_config(BASELINES / f"{name}.yaml")
+        baselines.append(Candidate(None, None, None, None, config.arch.to_dict(), config.train.to_dict(),
+                                   config.arch.fingerprint(), None, baseline=name))
+    return baselines
+
+
 def make_plan(args: argparse.Namespace) -> ConfirmPlan:
     """Check every input, pick the candidates and prepare the data; raises a CramnasError (one
     line) before any training."""
+    from search.params import params_under
     from search.stores import check_store, existing_store
     from search.tracking import StudyTracker
     from trainer.budget import Budget
 
-    if args.top < 1:
-        raise UsageError(f"--top: must be at least 1, got {args.top}")
+    if args.top < (0 if args.baselines else 1):
+        raise UsageError(f"--top: must be at least 1 (0 only with --baselines), got {args.top}")
     if args.seeds < 1:
         raise UsageError(f"--seeds: must be at least 1, got {args.seeds}")
+    baselines = load_baselines(args.baselines) if args.baselines else []
     budget = Budget.parse(args.budget) if args.budget else None
     uri = check_store(existing_store(args.tracking_uri))  # written to, but not created for a typo
     tracker = StudyTracker(uri, args.study)
@@ -176,8 +230,8 @@ def make_plan(args: argparse.Namespace) -> ConfirmPlan:
             raise UsageError(f"--budget: study {args.study!r} recorded no budget; pass one, e.g. --budget 60s")
         budget = Budget.parse(study_run.data.params["budget"])
     probe = study_probe(study_run, args.data)
-    candidates = pick_candidates(tracker, objective, args.top)
-    if not candidates:
+    candidates = pick_candidates(tracker, objective, args.top) if args.top else []
+    if args.top and not candidates:
         raise UsageError(f"--study: {args.study!r} has no complete trial with {metric} to confirm; "
                          f"run more trials (python -m search.run --study {args.study} --resume --trials N)")
     if len(candidates) < args.top:
@@ -190,13 +244,14 @@ def make_plan(args: argparse.Namespace) -> ConfirmPlan:
 
     if probe is not None:
         resolve_tasks(",".join(probe.tasks), args.data)  # every task present, or one clear error
-    base_seed = int(candidates[0].train.get("seed", 0))
+    # The study's seed, not a baseline config's: baselines-only runs meet the candidates' seeds too.
+    base_seed = int((candidates[0].train if candidates else params_under(study_run.data.params, "train")).get("seed", 0))
     seeds = [base_seed + SEED_OFFSET + k for k in range(1, args.seeds + 1)]
 
-    plan = ConfirmPlan(args.study, tracker, objective, budget, seeds, candidates, probe,
+    plan = ConfirmPlan(args.study, tracker, objective, budget, seeds, candidates, baselines, probe,
                        retry_failed=args.retry_failed)
     source = CorpusSource.from_args(data_dir=args.data, corpus=args.corpus, gpu=torch.cuda.is_available())
-    for vocab, seq in sorted({candidate.data_shape for candidate in candidates}):
+    for vocab, seq in sorted({candidate.data_shape for candidate in plan.configurations}):
         plan.data[vocab, seq] = prepare_data(source, vocab_size=vocab, seq_len=seq, cache_dir=args.cache_dir,
                                              max_tokens=tokens_to_prepare(source, budget))
     for candidate in candidates:
@@ -208,10 +263,10 @@ def make_plan(args: argparse.Namespace) -> ConfirmPlan:
 
 
 def confirm_one(plan: ConfirmPlan, candidate: Candidate, index: int, seed: int) -> SeedOutcome:
-    """Cram and probe one (candidate, seed) in its MLflow run, or reuse the run that did."""
+    """Cram and probe one (candidate or baseline, seed) in its MLflow run, or reuse the run that did."""
     tracker, budget, metric = plan.tracker, plan.budget, plan.objective.rank_metric
-    done = tracker.find_confirmation_run(candidate.run_id, seed, budget.text)
-    label = f"trial {candidate.trial} seed {seed}"
+    done = candidate.find_run(tracker, seed, budget.text)
+    label = f"{candidate.label} seed {seed}"
     if done is not None and done.info.status == "FINISHED":
         print(f"{label}: complete before (run {done.info.run_id}), skipped")
         return SeedOutcome(candidate, seed, done.info.run_id, COMPLETE, done.data.metrics.get(metric), earlier=True)
@@ -220,8 +275,7 @@ def confirm_one(plan: ConfirmPlan, candidate: Candidate, index: int, seed: int) 
         print(f"{label}: failed before (run {done.info.run_id}: {reason}), kept; --retry-failed re-runs it")
         return SeedOutcome(candidate, seed, done.info.run_id, FAILED, None, reason, earlier=True)
     train = {**candidate.train, "seed": seed}
-    run_id = tracker.open_confirmation_run(candidate.run_id, candidate.trial, seed, index, candidate.arch, train,
-                                           budget.text, candidate.fingerprint)
+    run_id = candidate.open_run(tracker, seed, index, train, budget.text)
     print(f"{label}: {'re-doing' if done is not None else 'cramming'} under {budget.text} (run {run_id}) ...",
           flush=True)
     started = time.perf_counter()
@@ -270,7 +324,7 @@ def print_table(plan: ConfirmPlan, outcomes: list[SeedOutcome]) -> None:
     for column in ("rank", "trial", "architecture", "original", "confirmed (95% CI)", "n", "failed", "rank now"):
         table.add_column(column, no_wrap=column != "architecture")
     summaries = []
-    for candidate in plan.candidates:
+    for candidate in plan.configurations:
         scores = [o.score for o in outcomes if o.candidate is candidate and o.score is not None]
         failed = sum(o.candidate is candidate and o.state == FAILED for o in outcomes)
         summaries.append((candidate, mean_interval(scores) if scores else None, len(scores), failed))
@@ -286,7 +340,11 @@ def print_table(plan: ConfirmPlan, outcomes: list[SeedOutcome]) -> None:
             architecture = ArchConfig.from_dict({**ArchConfig().to_dict(), **candidate.arch}).describe()
         except ArchError as error:  # a trial of an impossible architecture (it failed, as its confirmations do)
             architecture = f"invalid: {error}"
-        table.add_row(str(candidate.rank), str(candidate.trial), architecture, f"{candidate.score:.4f}", confirmed,
+        if candidate.baseline is not None:
+            architecture = f"{candidate.baseline}: {architecture}"
+        trial = "baseline" if candidate.baseline is not None else str(candidate.trial)
+        table.add_row("-" if candidate.rank is None else str(candidate.rank), trial,
+                      architecture, "-" if candidate.score is None else f"{candidate.score:.4f}", confirmed,
                       str(n), str(failed), str(rank_now.get(id(candidate), "-")))
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
@@ -308,13 +366,14 @@ def main(argv: list[str] | None = None) -> int:
     except (CramnasError, MlflowException) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    total = len(plan.candidates) * len(plan.seeds)
-    print(f"study {plan.study}: confirming the top {len(plan.candidates)} by {plan.objective.rank_metric} with "
-          f"seeds {', '.join(map(str, plan.seeds))} under {plan.budget.text}: {total} run(s); "
+    total = len(plan.configurations) * len(plan.seeds)
+    baselines = f" and baselines {', '.join(b.baseline for b in plan.baselines)}" if plan.baselines else ""
+    print(f"study {plan.study}: confirming the top {len(plan.candidates)} by {plan.objective.rank_metric}{baselines} "
+          f"with seeds {', '.join(map(str, plan.seeds))} under {plan.budget.text}: {total} run(s); "
           f"MLflow {plan.tracker.uri}")
     outcomes = []
     try:
-        for candidate in plan.candidates:
+        for candidate in plan.configurations:
             for index, seed in enumerate(plan.seeds, start=1):
                 outcomes.append(confirm_one(plan, candidate, index, seed))
     except KeyboardInterrupt:
@@ -327,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print_table(plan, outcomes)
     counts = Counter((o.state, o.earlier) for o in outcomes)
-    print(f"{total} confirmation run(s): {counts[COMPLETE, False]} complete now, "
+    print(f"{total} run(s): {counts[COMPLETE, False]} complete now, "
           f"{counts[FAILED, False]} failed now, {counts[COMPLETE, True]} complete before "
           f"(skipped), {counts[FAILED, True]} failed before (kept)")
     return 0

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # imported for real only after the flags are checked (torch, 
     from search.spec import TrialSpec
     from space.search_space import SearchSpace
     from trainer.budget import Budget
+    from trainer.config import TrainConfig
     from trainer.data import PretrainData
 
 PROFILES = Path(__file__).parent / "profiles"
@@ -149,20 +150,29 @@ def check_local_resources(resources: dict[str, float]) -> None:
                              "cluster with --address")
 
 
-def repeat_warning_for_study(budget: Budget, space: SearchSpace, mlm_rate: float, data: PretrainData) -> str | None:
+def repeat_warning_for_study(budget: Budget, space: SearchSpace, train: TrainConfig, data: PretrainData) -> str | None:
     """One line when a trial's budget would read the prepared corpus more than once (every trial
-    reads it in the same order from the start). A FLOP budget gives the most tokens to the
-    cheapest architecture: judged on the cheapest of 64 random draws. A wall-clock budget's tokens
-    depend on each trial's speed: `trainer.cram` measures and warns per run, the study does not."""
+    reads it in the same order from the start), judged on the cheapest of 64 random draws of the
+    space: a FLOP budget gives it the most tokens, and it is the fastest. A wall-clock budget times
+    that architecture here, on the driver's device (a few passes, seconds): on a cluster whose
+    trials run on faster devices than the driver's, the warning can come too late or not at all."""
     import random
 
     from trainer.epochs import corpus_tokens, repeat_warning
 
-    if budget.kind == "seconds":
-        return None
     rng = random.Random(0)
-    cheapest = min(space.sample_random(rng).flops_per_token(data.seq_len, mlm_rate) for _ in range(64))
-    warning = repeat_warning(budget, corpus_tokens(data), cheapest)
+    cheapest = min((space.sample_random(rng) for _ in range(64)),
+                   key=lambda arch: arch.flops_per_token(data.seq_len, train.mlm_rate))
+    flops = cheapest.flops_per_token(data.seq_len, train.mlm_rate)
+    speed = None
+    if budget.kind == "seconds":
+        from trainer.device import pick_device
+        from trainer.epochs import measure_speed
+        from trainer.model import CrammedBert
+
+        device = pick_device()
+        speed = measure_speed(CrammedBert(cheapest).to(device), data, train.mlm_rate, train.micro_batch, device)
+    warning = repeat_warning(budget, corpus_tokens(data), flops, speed)
     return None if warning is None else f"{warning} (per trial)"
 
 
@@ -256,7 +266,7 @@ def make_plan(args: argparse.Namespace) -> StudyPlan:
                         seq_len=fixed.get("max_seq_len", 128), cache_dir=args.cache_dir,
                         max_tokens=tokens_to_prepare(source, budget))
 
-    warning = repeat_warning_for_study(budget, space, train.mlm_rate, data)
+    warning = repeat_warning_for_study(budget, space, train, data)
     if warning is not None:
         print(warning, file=sys.stderr)
 

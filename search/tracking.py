@@ -12,7 +12,8 @@ Layout:
   tokens seen, final `validation_loss`, `glue.<task>.<metric>`, `probe_average`; artifacts
   `arch.yaml` and `result.json`;
 - one *confirmation run* per (trial, seed, budget) that `search.confirm` re-trains, nested and
-  tagged `cramnas.kind=confirmation`.
+  tagged `cramnas.kind=confirmation`; one *baseline run* per (hand-designed config, seed, budget)
+  that `search.confirm --baselines` trains beside them, nested and tagged `cramnas.kind=baseline`.
 
 Every run is found again by its tags, never remembered in memory, so a driver that crashes and
 resumes reuses the study run and each trial's run instead of creating second ones. All calls go
@@ -219,8 +220,7 @@ class StudyTracker:
             raise ValueError(f"status: expected FINISHED or KILLED, got {status!r}")
         self._call("ending the study run", self.client.set_terminated, self.study_run_id, status=status)
 
-    # ---- trial runs ----
-    # ---- trial and confirmation runs ----
+    # ---- trial, confirmation and baseline runs ----
 
     def find_trial_run(self, trial_number: int) -> Run | None:
         runs = self._search(f"tags.`{TAG}kind` = 'trial' and tags.`{self.trial_tag}` = '{int(trial_number)}'")
@@ -254,12 +254,19 @@ class StudyTracker:
         return self._open_run(f"the run of trial {trial_number}", lambda: self.find_trial_run(trial_number),
                               run_tags, f"t{int(trial_number):04d}-{fingerprint}", trial_params(arch, train, budget))
 
+    def _find_seed_run(self, kind: str, key: str, value: str, seed: int, budget: str) -> Run | None:
+        """The `kind` run tagged `cramnas.<key>` = `value` that trained with `seed` under `budget`."""
+        runs = self._search(f"tags.`{TAG}kind` = '{kind}' and tags.`{TAG}{key}` = '{value}' and "
+                            f"tags.`{TAG}seed` = '{int(seed)}' and tags.`{TAG}budget` = '{budget}'")
+        return runs[0] if runs else None
+
+    def _seed_run_tags(self, kind: str, seed: int, budget: str, fingerprint: str | None) -> dict[str, str]:
+        return {TAG + "kind": kind, TAG + "seed": str(int(seed)), TAG + "budget": budget,
+                "mlflow.parentRunId": self.study_run().info.run_id, **_tags({"fingerprint": fingerprint})}
+
     def find_confirmation_run(self, original_run_id: str, seed: int, budget: str) -> Run | None:
         """The run that re-trained trial run `original_run_id` with `seed` under `budget`, if any."""
-        runs = self._search(f"tags.`{TAG}kind` = 'confirmation' and tags.`{TAG}confirmation_of` = "
-                            f"'{original_run_id}' and tags.`{TAG}seed` = '{int(seed)}' and "
-                            f"tags.`{TAG}budget` = '{budget}'")
-        return runs[0] if runs else None
+        return self._find_seed_run("confirmation", "confirmation_of", original_run_id, seed, budget)
 
     def open_confirmation_run(self, original_run_id: str, trial_number: int, seed: int, index: int,
                               arch: Mapping[str, Any], train: Mapping[str, Any], budget: str,
@@ -269,14 +276,27 @@ class StudyTracker:
         tagged `cramnas.kind=confirmation`, `confirmation_of`, `original_trial`, `seed`, `budget`
         and `fingerprint`, with the params of a trial run. Its results go through `finish_run`.
         """
-        run_tags = {TAG + "kind": "confirmation", TAG + "confirmation_of": original_run_id,
-                    TAG + "original_trial": str(int(trial_number)), TAG + "seed": str(int(seed)),
-                    TAG + "budget": budget, "mlflow.parentRunId": self.study_run().info.run_id,
-                    **_tags({"fingerprint": fingerprint})}
+        run_tags = {**self._seed_run_tags("confirmation", seed, budget, fingerprint),
+                    TAG + "confirmation_of": original_run_id, TAG + "original_trial": str(int(trial_number))}
         return self._open_run(f"the confirmation of trial {trial_number} with seed {seed}",
                               lambda: self.find_confirmation_run(original_run_id, seed, budget),
                               run_tags, f"confirm-t{int(trial_number):04d}-s{int(index)}",
                               trial_params(arch, train, budget))
+
+    def find_baseline_run(self, name: str, seed: int, budget: str) -> Run | None:
+        """The run that trained hand-designed config `name` with `seed` under `budget`, if any."""
+        return self._find_seed_run("baseline", "baseline", name, seed, budget)
+
+    def open_baseline_run(self, name: str, seed: int, index: int, arch: Mapping[str, Any],
+                          train: Mapping[str, Any], budget: str, fingerprint: str | None = None) -> str:
+        """The run training hand-designed config `name` (trainer/configs/<name>.yaml) with `seed`
+        under `budget`, beside the confirmations: nested under the study run, named
+        `baseline-<name>-s1` (`index` = 1), tagged `cramnas.kind=baseline`, `baseline`, `seed`,
+        `budget` and `fingerprint`, with the params of a trial run. Its results go through `finish_run`.
+        """
+        run_tags = {**self._seed_run_tags("baseline", seed, budget, fingerprint), TAG + "baseline": name}
+        return self._open_run(f"baseline {name} with seed {seed}", lambda: self.find_baseline_run(name, seed, budget),
+                              run_tags, f"baseline-{name}-s{int(index)}", trial_params(arch, train, budget))
 
     def _open_run(self, what: str, find: Callable[[], Run | None], tags: dict[str, str], run_name: str,
                   params: dict[str, str]) -> str:
@@ -395,10 +415,17 @@ class StudyTracker:
     def confirmation_table(self) -> pd.DataFrame:
         """One row per confirmation run (`search.confirm`), oldest first, with the columns of
         `trial_table` (its `trial` is the original trial's number, from `cramnas.original_trial`)."""
-        rows = [{"trial": int(run.data.tags.get(TAG + "original_trial", -1)), **_run_row(run)}
-                for run in self._search(f"tags.`{TAG}kind` = 'confirmation'")]
+        return self._kind_table("confirmation", "trial", lambda tags: int(tags.get(TAG + "original_trial", -1)))
+
+    def baseline_table(self) -> pd.DataFrame:
+        """One row per baseline run (`search.confirm --baselines`), oldest first, with the columns
+        of `trial_table` but `trial`: `baseline` is the config's name (`cramnas.baseline`)."""
+        return self._kind_table("baseline", "baseline", lambda tags: tags.get(TAG + "baseline", ""))
+
+    def _kind_table(self, kind: str, column: str, value: Callable[[dict[str, str]], Any]) -> pd.DataFrame:
+        rows = [{column: value(run.data.tags), **_run_row(run)} for run in self._search(f"tags.`{TAG}kind` = '{kind}'")]
         if not rows:
-            return pd.DataFrame(columns=["run_id", "run_name", "trial", "status", "start_time", "end_time"])
+            return pd.DataFrame(columns=["run_id", "run_name", column, "status", "start_time", "end_time"])
         return pd.DataFrame(rows)
 
     def top_trial_runs(self, objective: Objective, k: int = 1) -> list[dict[str, Any]]:

@@ -146,3 +146,16 @@ class TrackingServer:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+class CountingBackend:
+    """A torch.compile backend that runs graphs as they are and counts them."""
+
+    def __init__(self, on_compile=None) -> None:
+        self.graphs, self.on_compile = 0, on_compile
+
+    def __call__(self, graph_module, example_inputs):
+        self.graphs += 1
+        if self.on_compile is not None:
+            self.on_compile()
+        return graph_module.forward

@@ -12,7 +12,7 @@ import logging
 import pytest
 
 from space.arch import ArchConfig
-from tests.helpers import SLICE_SEQ, SLICE_VOCAB, FakeTime
+from tests.helpers import SLICE_SEQ, SLICE_VOCAB, CountingBackend, FakeTime
 from trainer import loop
 from trainer.budget import Budget
 from trainer.config import TrainConfig
@@ -20,19 +20,6 @@ from trainer.cram import cram
 
 ARCH = ArchConfig(layers=1, hidden=32, heads=2, ffn_mult=2.0, vocab_size=SLICE_VOCAB, max_seq_len=SLICE_SEQ)
 TRAIN = TrainConfig(batch_size=8, micro_batch=8, seed=1, compile=True)
-
-
-class CountingBackend:
-    """A torch.compile backend that runs graphs as they are and counts them."""
-
-    def __init__(self, on_compile=None) -> None:
-        self.graphs, self.on_compile = 0, on_compile
-
-    def __call__(self, graph_module, example_inputs):
-        self.graphs += 1
-        if self.on_compile is not None:
-            self.on_compile()
-        return graph_module.forward
 
 
 @pytest.mark.slow

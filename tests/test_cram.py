@@ -131,7 +131,7 @@ def test_nan_loss_raises_with_its_step(wiki_slice, monkeypatch):
 
     def poisoned(self, rows, scale):
         calls["n"] += 1
-        return float("nan") if calls["n"] == 6 else original(self, rows, scale)
+        return torch.tensor(float("nan")) if calls["n"] == 6 else original(self, rows, scale)
 
     monkeypatch.setattr(Trainer, "forward_backward", poisoned)
     with pytest.raises(NonFiniteLoss) as info:

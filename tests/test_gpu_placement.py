@@ -8,8 +8,8 @@ exactly as on a GPU host, and `search.trial.trial_device` is checked with CUDA r
 from __future__ import annotations
 
 import json
+import os
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -17,7 +17,7 @@ from unittest import mock
 
 import pytest
 
-from search.study import concurrency
+from search.study import concurrency, start_local_ray
 
 
 @pytest.mark.parametrize(("resources", "have", "expected"), [
@@ -54,7 +54,7 @@ def _placement(config):
     with mock.patch("torch.cuda.is_available", return_value=True):
         device = trial_device(gpu_ids).type
     time.sleep(config["hold_s"])  # keep the slot: trials that may overlap must, to be seen overlapping
-    seen = {"start": start, "end": time.time(), "gpu_ids": ",".join(gpu_ids), "device": device}
+    seen = {"start": start, "end": time.time(), "gpu_ids": ",".join(gpu_ids), "device": device, "niceness": os.nice(0)}
     (Path(config["out"]) / f"{uuid.uuid4().hex}.json").write_text(json.dumps(seen))
     tune.report({"done": 1})
 
@@ -66,9 +66,8 @@ def _run_placement(gpus_per_trial: float, trials: int, storage: str) -> list[dic
     resources = {"cpu": 0.5, "gpu": gpus_per_trial}
     # Ray workers cannot import a test module: ship `_placement` by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    # A new local Ray with fake GPUs, never a cluster another test or user started on this machine.
-    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False,
-             _temp_dir=str(Path(tempfile.gettempdir()) / "cramnas-ray-placement"))
+    # A new local Ray with fake GPUs, started as a study starts its own.
+    start_local_ray(num_cpus=2, num_gpus=4, session="cramnas-ray-placement")
     try:
         placeable = ray.cluster_resources()
         concurrent = concurrency(resources, {"cpu": placeable["CPU"], "gpu": placeable["GPU"]}, None, print)
@@ -92,6 +91,7 @@ def test_four_fake_gpus_run_four_trials_at_once_each_on_its_own_gpu(tmp_path, mo
     assert len(results) == 4
     assert sorted(result["gpu_ids"] for result in results) == ["0", "1", "2", "3"]
     assert all(result["device"] == "cuda" for result in results)
+    assert all(result["niceness"] == 0 for result in results)  # not Ray's default 15: trials get whole cores
     assert max(result["start"] for result in results) < min(result["end"] for result in results), \
         "the four trials did not all run at the same time"
 

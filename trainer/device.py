@@ -28,3 +28,11 @@ def autocast(device: torch.device):
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return torch.autocast("cpu", enabled=False)
+
+
+def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`batch` on `device` without blocking the host: a pinned copy is sent asynchronously to a
+    GPU, so the next micro-batch is read while this one computes. On CPU, the batch itself."""
+    if device.type != "cuda":
+        return batch
+    return batch.pin_memory().to(device, non_blocking=True)

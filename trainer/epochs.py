@@ -53,7 +53,7 @@ def measure_speed(model: torch.nn.Module, data: PretrainData, mlm_rate: float, m
     dropout draw) with their own masking seed, the gradients dropped: training's state is left as
     it was. None when the micro-batch does not fit in memory."""
     rows = next(data.validation_batches(micro_batch))
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator(device).manual_seed(0)
     model.eval()
     seconds = []
     try:

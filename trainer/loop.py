@@ -21,8 +21,8 @@ from trainer import resume
 from trainer.budget import micro_batches_per_step, triangle_lr
 from trainer.config import TrainConfig
 from trainer.data import PretrainData
-from trainer.device import autocast
-from trainer.masking import IGNORE_INDEX, mask_tokens
+from trainer.device import autocast, to_device
+from trainer.masking import IGNORE_INDEX, mask_fixed_count, mask_tokens
 from trainer.model import CrammedBert
 from trainer.rollback import RollbackGuard
 
@@ -49,13 +49,14 @@ class Progress:
 
 def mlm_backward(step_fn: Callable, rows: torch.Tensor, data: PretrainData, mlm_rate: float, device: torch.device,
                  generator: torch.Generator, scale: float = 1.0) -> torch.Tensor:
-    """One micro-step's work: mask `rows`, run the MLM forward on `device`, backpropagate `scale` x
-    the loss; the loss, detached. Shared by training, the compile warm-up and the speed probe
-    (`trainer.epochs.measure_speed`)."""
-    ids, labels = mask_tokens(rows, mlm_rate, special_ids=data.special_ids, vocab_size=data.vocab_size,
-                              generator=generator)
+    """One micro-step's work: send `rows` to `device`, mask them there (`generator` lives on it),
+    run the MLM forward at a fixed number of positions per row, backpropagate `scale` x the loss;
+    the loss, detached and left on the device: nothing here waits for the device. Shared by
+    training, the compile warm-up and the speed probe (`trainer.epochs.measure_speed`)."""
+    batch = mask_fixed_count(to_device(rows, device), mlm_rate, special_ids=data.special_ids,
+                             vocab_size=data.vocab_size, generator=generator)
     with autocast(device):
-        _, loss = step_fn(ids.to(device, non_blocking=True), labels=labels.to(device))
+        _, loss = step_fn(batch.input_ids, labels=batch.labels, predict_at=batch.positions)
     (loss * scale).backward()
     return loss.detach()
 
@@ -110,7 +111,7 @@ class Trainer(resume.ResumableState):
         self.model = CrammedBert(arch, dropout=train.dropout).to(device)
         self.step_fn, self.compile_seconds = self.model, 0.0
         self.optimizer = build_optimizer(self.model, train, device)
-        self.generator = torch.Generator().manual_seed(train.seed)
+        self.generator = torch.Generator(device).manual_seed(train.seed)  # masking runs on the device
         self.micro_batch = train.micro_batch  # halved on CUDA out-of-memory; train.micro_batch is not
         self.flops_per_token = arch.flops_per_token(arch.max_seq_len, train.mlm_rate)
         self.tokens = self.steps = self.micro_steps = self.oom_halvings = self.batches_drawn = 0
@@ -134,12 +135,15 @@ class Trainer(resume.ResumableState):
         architectures (a reused Ray worker, search.confirm), and after `recompile_limit` (8) models
         dynamo would silently run the next ones eager."""
         torch._dynamo.reset()
-        step_fn = torch.compile(self.model, backend=COMPILE_BACKEND)
+        # fullgraph: one graph for the whole forward and loss, or an error. Masking gives every
+        # batch the same shape (trainer/masking.py), so the graph is compiled once.
+        step_fn = torch.compile(self.model, backend=COMPILE_BACKEND, fullgraph=True)
         start = self.clock()
         # One forward/backward on a random batch of the micro-batch's shape, its gradients dropped:
-        # weights, optimizer state and the data order are untouched.
-        generator = torch.Generator().manual_seed(self.train.seed)
-        rows = torch.randint(0, self.data.vocab_size, (self.micro_batch, self.arch.max_seq_len), generator=generator)
+        # weights, optimizer state, the data order and the masking draws are untouched.
+        rows = torch.randint(0, self.data.vocab_size, (self.micro_batch, self.arch.max_seq_len),
+                             generator=torch.Generator().manual_seed(self.train.seed))
+        generator = torch.Generator(self.device).manual_seed(self.train.seed)
         mlm_backward(step_fn, rows, self.data, self.train.mlm_rate, self.device, generator)
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
@@ -170,17 +174,17 @@ class Trainer(resume.ResumableState):
         fit = int(left // self.arch.max_seq_len)
         return rows[:fit] if fit > 0 else None
 
-    def forward_backward(self, rows: torch.Tensor, scale: float) -> float:
+    def forward_backward(self, rows: torch.Tensor, scale: float) -> torch.Tensor:
         if self.before_forward is not None:
             self.before_forward(len(rows))
-        loss = mlm_backward(self.step_fn, rows, self.data, self.train.mlm_rate, self.device, self.generator, scale)
-        return float(loss)
+        return mlm_backward(self.step_fn, rows, self.data, self.train.mlm_rate, self.device, self.generator, scale)
 
-    def micro_step(self, rows: torch.Tensor, scale: float) -> float:
+    def micro_step(self, rows: torch.Tensor, scale: float) -> torch.Tensor:
         """Forward/backward of `rows` in chunks of `self.micro_batch` rows (one chunk unless memory
-        ran out before). On CUDA out-of-memory the chunk size halves for the rest of the run and the
-        rows are redone, so the effective batch stays the same. The gradients this optimizer step
-        had accumulated before the failure are dropped with the failed pass's partial ones."""
+        ran out before); the loss stays on the device. On CUDA out-of-memory the chunk size halves
+        for the rest of the run and the rows are redone, so the effective batch stays the same. The
+        gradients this optimizer step had accumulated before the failure are dropped with the failed
+        pass's partial ones."""
         while True:
             try:
                 chunks = rows.split(self.micro_batch)
@@ -213,7 +217,7 @@ class Trainer(resume.ResumableState):
             lr = self.train.lr * triangle_lr(fraction, self.train.lr_base, self.train.lr_peak_at)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            losses: list[float] = []
+            losses: list[torch.Tensor] = []  # on the device: read once per optimizer step, below
             for _ in range(accumulate):
                 if stop is not None and stop.is_set():  # no update yet: the weights are the boundary's
                     raise resume.Interrupted(self.save(self.boundary))
@@ -230,17 +234,20 @@ class Trainer(resume.ResumableState):
                 # itself past the budget, so the run ends within half a micro-step of it.
                 ahead = 0.5 * micro_seconds if self.budget.kind == "seconds" else 0.0
                 fraction = self.fraction(self.seconds + ahead)
-                if fraction >= 1.0 or not math.isfinite(losses[-1]):
+                if fraction >= 1.0:
                     break  # the budget ends mid-step: apply what was accumulated
             if not losses:
                 break
-            loss = losses[-1] if not math.isfinite(losses[-1]) else sum(losses) / len(losses)
+            # The one wait for the device per optimizer step: the guard needs the loss. It also
+            # makes the clock below count the device's time, not just the time to queue its work.
+            step_losses = torch.stack(losses).float().tolist()
+            loss = sum(step_losses) / len(step_losses)  # non-finite if any micro-step's was
             reason = self.guard.verdict(loss)
             if reason is not None:
                 self.guard.roll_back(self.steps, self.tokens, loss, reason, self.batches_drawn)
                 continue
             self.guard.accept(self.steps, loss, self.boundary["batches_drawn"])
-            self.pending_losses.extend(losses)
+            self.pending_losses.extend(step_losses)
             if len(losses) < accumulate:  # rescale the partial accumulation to a mean over those done
                 for p in self.model.parameters():
                     if p.grad is not None:

@@ -381,26 +381,37 @@ class CrammedBert(nn.Module):
         return self.final_norm(x)
 
     def mlm_logits(self, hidden: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Vocabulary logits: (B, T, V) densely, or (N, V) at the N rows a (B, T) bool mask selects."""
-        if positions is not None:
+        """Vocabulary logits: (B, T, V) densely; (B, K, V) at (B, K) integer `positions` (gathered:
+        a static shape); (N, V) at the N rows a (B, T) bool mask selects."""
+        if positions is not None and positions.dtype == torch.bool:
             hidden = hidden[positions]
+        elif positions is not None:
+            hidden = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
         return self.head(hidden)
 
-    def forward(self, input_ids, labels=None, attention_mask=None, token_type_ids=None):
-        """MLM logits, and the loss when `labels` (IGNORE_INDEX = not predicted) are given.
+    def forward(self, input_ids, labels=None, attention_mask=None, token_type_ids=None, predict_at=None):
+        """MLM logits, and the loss when `labels` are given.
 
-        With sparse prediction and labels, logits are (N, V) for the N predicted tokens only:
-        nearly the whole CPU speed-up of a crammed model over BERT (docs/stack.md).
+        Labels come in two layouts (trainer/masking.py): (B, T) with IGNORE_INDEX where not
+        predicted (Hugging Face's), or (B, K) for the (B, K) positions `predict_at` (training's
+        static shapes). With sparse prediction, logits are computed at the predicted positions
+        only: nearly the whole CPU speed-up of a crammed model over BERT (docs/stack.md).
         """
         hidden = self.encode(input_ids, attention_mask, token_type_ids)
         if labels is None:
             return self.mlm_logits(hidden), None
+        if predict_at is None:  # (B, T) labels: predict where they are not IGNORE_INDEX
+            predict_at = labels != IGNORE_INDEX
+            labels = labels[predict_at]
         if self.arch.sparse_prediction:
-            predicted = labels != IGNORE_INDEX
-            logits = self.mlm_logits(hidden, predicted)
-            return logits, F.cross_entropy(logits.float(), labels[predicted])
-        logits = self.mlm_logits(hidden)
-        return logits, F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1))
+            logits = self.mlm_logits(hidden, predict_at)
+            return logits, F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        logits = self.mlm_logits(hidden)  # dense: every position's logits, the loss at the predicted ones
+        if predict_at.dtype == torch.bool:
+            at = logits[predict_at]
+        else:
+            at = logits.gather(1, predict_at.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        return logits, F.cross_entropy(at.float().reshape(-1, at.shape[-1]), labels.reshape(-1))
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # shared (tied) tensors counted once
