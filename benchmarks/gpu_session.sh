@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU measurement of cramnas in one short run (about 8 minutes on an H200):
 #   1. training throughput of CrammedBert against transformers' BertForMaskedLM at BERT-base size;
-#   2. crammed-bert tokens/s and MFU, eager and compiled (gpu_check.py);
+#   2. crammed-bert tokens/s and MFU of the trainer's own loop, eager and compiled (gpu_check.py), and
+#      the host overhead of a micro-step before and after static shapes (host_overhead.py);
 #   3. a real cram of crammed-bert on the data directory (the GPU profile's run config);
 #   4. the GLUE probe of that checkpoint against the same architecture at random initialisation.
 #
@@ -35,7 +36,8 @@ step() {  # step NAME SECONDS COMMAND...
   "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } 2>&1 | tee -a "$log"
 step throughput 60 "$py" benchmarks/model_throughput.py --device cuda --layers 12 --hidden 768 --heads 12 \
     --batch 128 --steps 20
-step mfu 130 "$py" benchmarks/gpu_check.py
+step mfu 150 "$py" benchmarks/gpu_check.py
+step overhead 45 "$py" benchmarks/host_overhead.py --device cuda --config trainer/configs/crammed-bert.yaml --steps 30
 step cram 170 "$py" -m trainer.cram --config trainer/configs/crammed-bert.yaml --budget "$budget" \
     --data "$data" --out "$checkpoint"
 cp "$checkpoint/result.json" "$out/cram_result.json" 2>/dev/null

@@ -48,7 +48,7 @@ class TrialSpec:
 
     train: TrainConfig
     budget: Budget
-    data_fingerprint: str  # the prepared corpus every trial reads from the cache
+    data_fingerprint: str  # the prepared corpus every trial opens (trainer.data.open_prepared)
     data_dir: str | None = None  # absolute: Ray workers run in another working directory
     corpus: str | None = None  # a hub dataset id, instead of data_dir
     cache_dir: str | None = None

@@ -108,7 +108,8 @@ def run_study(plan: StudyPlan) -> int:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-    from search.trial import run_trial
+    from search.trial import ShippedData, run_trial
+    from trainer.data import entry_files
 
     # Tune's result files are off (records live in MLflow), so its post-run analysis finds none.
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
@@ -149,6 +150,9 @@ def run_study(plan: StudyPlan) -> int:
         placeable = ray.cluster_resources()  # this machine's, or the cluster's with --address
         concurrent = concurrency(plan.resources, {"cpu": placeable.get("CPU", 1), "gpu": placeable.get("GPU", 0)},
                                  plan.max_concurrent, lambda line: print(line, file=sys.stderr))
+        shipped = None
+        if plan.address:  # other nodes may lack the driver's cache: each fetches the data once (ShippedData)
+            shipped = ShippedData(ray.put(entry_files(plan.template.data_fingerprint, plan.template.cache_dir)))
         searcher = CramnasSearcher(study, plan.space, plan.objective, tracker, plan.template,
                                    {"controller": plan.controller}, on_outcome=view.record)
         scheduler = FIFOScheduler()
@@ -157,7 +161,7 @@ def run_study(plan: StudyPlan) -> int:
                                       max_t=17, grace_period=plan.early_stop["grace_reports"],
                                       reduction_factor=plan.early_stop["reduction_factor"])
         tuner = tune.Tuner(
-            tune.with_resources(run_trial, plan.resources),
+            tune.with_resources(tune.with_parameters(run_trial, shipped=shipped), plan.resources),
             tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=remaining,
                                         max_concurrent_trials=concurrent, reuse_actors=True),
             run_config=tune.RunConfig(name=f"{plan.study}-{int(time.time())}", storage_path=str(RAY_RESULTS),

@@ -13,7 +13,9 @@ Reports, in order:
   (`glue.<task>.<metric>`), `probe_average`, tokens/s, params, FLOPs/token, `oom_halvings`, and `result` (CramResult +
   ProbeResult dicts); with `checkpoint_dir` in the spec (`search.run --save-checkpoints`), also
   `checkpoint_path`, where the worker wrote the trained model (`<checkpoint_dir>/t0007/`). It has
-  no `train_loss`, so ASHA never compares a validation loss with train losses.
+  no `train_loss`, so ASHA never compares a validation loss with train losses. `result.data` says
+  where the trial found the prepared data (`source`: "cache" or "shipped", see `ShippedData`) and
+  on which Ray node it ran (`node`).
 
 `CRAMNAS_INJECT_FAULT` injects faults into chosen trials, for the fault-injection suite
 (`tests/reliability/`) and soaks: see `parse_faults`.
@@ -28,6 +30,7 @@ import signal
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +44,8 @@ from space.errors import CramnasError
 from trainer.budget import Budget
 from trainer.checkpoint import save_checkpoint
 from trainer.config import TrainConfig
-from trainer.corpus import CorpusSource
 from trainer.cram import NonFiniteLoss, Progress, cram_with_model
-from trainer.data import PretrainData, prepare_data, tokens_to_prepare
+from trainer.data import PretrainData, open_prepared
 
 ASHA_METRIC = "train_loss"  # what ASHA compares trials on (lower is better): the progress reports' train loss
 
@@ -63,15 +65,29 @@ def trial_metrics(cram_result: dict, probe_result: dict | None) -> dict[str, flo
     return metrics
 
 
-def run_trial(config: dict[str, Any]) -> None:
-    """Ray Tune function trainable. `config` is the `TrialSpec.to_dict()` `CramnasSearcher.suggest` returned."""
+@dataclass(frozen=True)
+class ShippedData:
+    """The driver's prepared data (`trainer.data.entry_files`) in Ray's object store, put there once
+    per study on a cluster (`search.study`). This wrapper, not the data, is what every trial gets
+    (`tune.with_parameters` would fetch a bare reference for each): only a trial on a node whose
+    cache lacks the entry fetches it, and writes it there for the node's later trials."""
+
+    ref: ray.ObjectRef
+
+    def fetch(self) -> dict:
+        return ray.get(self.ref)
+
+
+def run_trial(config: dict[str, Any], shipped: ShippedData | None = None) -> None:
+    """Ray Tune function trainable. `config` is the `TrialSpec.to_dict()` `CramnasSearcher.suggest`
+    returned; `shipped`, the driver's data on a cluster (None: every trial shares the driver's cache)."""
     spec = TrialSpec.from_dict(config)
     if spec.repeat_of is not None:  # dedupe: this architecture was trained already
         tune.report({**spec.recorded, "final": True})
         return
     started = time.perf_counter()
     try:
-        final = _train_and_report(spec)
+        final = _train_and_report(spec, shipped)
     except Exception as error:  # noqa: BLE001 - any failure is this trial's, recorded with its reason
         reason = f"{type(error).__name__}: {error}"
         tune.report({"final": True, "failed": True, "failure_reason": reason[:2000],
@@ -147,7 +163,7 @@ def cram_and_probe(arch: ArchConfig, train: TrainConfig, data: PretrainData, bud
     return result.to_dict(), probe_result
 
 
-def _train_and_report(spec: TrialSpec) -> dict[str, Any]:
+def _train_and_report(spec: TrialSpec, shipped: ShippedData | None) -> dict[str, Any]:
     """A trial's cram and probe, with its progress reports and injected faults: the final report."""
     number = spec.trial_number
     faults = injected_faults(number)
@@ -157,9 +173,8 @@ def _train_and_report(spec: TrialSpec) -> dict[str, Any]:
         os.kill(os.getpid(), signal.SIGKILL)
 
     arch, train = spec.arch, spec.train
-    source = CorpusSource.from_args(data_dir=spec.data_dir, corpus=spec.corpus)
-    data = prepare_data(source, vocab_size=arch.vocab_size, seq_len=arch.max_seq_len, cache_dir=spec.cache_dir,
-                        max_tokens=tokens_to_prepare(source, spec.budget))  # prepared by the driver: a cache hit
+    # Prepared by the driver: opened by its fingerprint, never tokenised again here (no corpus needed).
+    data, data_source = open_prepared(spec.data_fingerprint, spec.cache_dir, shipped.fetch if shipped else None)
 
     def report(progress: Progress) -> None:
         if "nan" in faults:
@@ -185,7 +200,8 @@ def _train_and_report(spec: TrialSpec) -> dict[str, Any]:
         before_forward=out_of_memory if "oom" in faults else None,
         after_write=full_disk if "diskfull" in faults else None, device=device)
     final = {**trial_metrics(cram_dict, probe_result), "final": True,
-             "result": {"cram": cram_dict, "probe": probe_result, "gpu_ids": gpu_ids}}
+             "result": {"cram": cram_dict, "probe": probe_result, "gpu_ids": gpu_ids,
+                        "data": {"source": data_source, "node": ray.get_runtime_context().get_node_id()}}}
     if device.type == "cuda":  # the model is gone with cram_and_probe's frame: give its memory back
         final["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
         gc.collect()

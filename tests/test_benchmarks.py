@@ -34,3 +34,15 @@ def test_model_throughput_prints_the_ratio_line():
     last = out.stdout.strip().splitlines()[-1].split()
     assert last[0] == "tokens/s" and [part.split("=")[0] for part in last[1:]] == ["cramnas", "hf", "ratio"]
     assert float(last[3].split("=")[1]) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_host_overhead_prints_before_and_after():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "host_overhead.py"), "--steps", "2"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("device=cpu") and "config=crammed-bert-cpu" in lines[0]
+    for line, kind in zip(lines[1:], ("before", "after")):
+        assert line.split(":")[0].strip() == kind and "forward/backward" in line and "outside it" in line

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from space.arch import ArchConfig
 from tests.helpers import SLICE_SEQ, SLICE_VOCAB, CountingBackend, FakeTime
@@ -49,3 +50,18 @@ def test_the_budget_clock_starts_after_a_slow_compile(wiki_slice, monkeypatch):
     assert result.compile_seconds >= 100.0
     assert abs(result.seconds - 5.0) <= 0.35 / 2 and result.micro_steps == 14  # the whole 5 s trained
     assert result.tokens_per_s == pytest.approx(result.tokens / result.seconds)
+
+
+def test_a_micro_batch_that_does_not_fit_halves_during_the_warm_up(wiki_slice, monkeypatch):
+    monkeypatch.setattr(loop, "COMPILE_BACKEND", CountingBackend())
+    original = loop.mlm_backward
+
+    def small_memory(step_fn, rows, *args, **kwargs):
+        if len(rows) > 4:
+            raise torch.OutOfMemoryError("simulated")
+        return original(step_fn, rows, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "mlm_backward", small_memory)
+    result = cram(ARCH, TRAIN, wiki_slice, Budget.parse(f"{8 * 8 * SLICE_SEQ}tokens"))
+    assert result.compiled and result.oom_halvings == 1 and result.final_micro_batch == 4
+    assert result.tokens == 8 * 8 * SLICE_SEQ  # the batch of 8 rows kept, in two micro-batches

@@ -73,7 +73,7 @@ def _run_placement(gpus_per_trial: float, trials: int, storage: str) -> list[dic
         concurrent = concurrency(resources, {"cpu": placeable["CPU"], "gpu": placeable["GPU"]}, None, print)
         tuner = tune.Tuner(
             tune.with_resources(_placement, resources),
-            param_space={"hold_s": 3.0, "out": storage},
+            param_space={"hold_s": 10.0, "out": storage},
             tune_config=tune.TuneConfig(num_samples=trials, max_concurrent_trials=concurrent),
             run_config=tune.RunConfig(verbose=0, storage_path=storage),
         )

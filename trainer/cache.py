@@ -3,6 +3,7 @@ file is written so that a killed process never leaves a truncated one.
 
     <cache>/tokenizers/<key>.json         trained tokenizers (`trainer.tokenizer`)
     <cache>/data/<fingerprint>/           packed sequences and their manifest (`trainer.data`)
+    <cache>/data/.<fingerprint>.lock      held while a Ray node writes the entry the driver shipped
     <cache>/hf-datasets/                  the `datasets` Arrow copy of loaded corpora (`trainer.corpus`)
 
 The cache root is `cache_dir`, else $CRAMNAS_CACHE, else ~/.cache/cramnas. Every entry is named
@@ -11,10 +12,13 @@ by a digest of what it depends on, so a changed input never meets a stale entry.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 # Part of every fingerprint: bump it when the cache layout or the packing changes.
@@ -38,3 +42,12 @@ def write_atomically(path: Path, text: str) -> None:
     partial = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     partial.write_text(text)
     partial.replace(path)
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if missing) for the block: processes of one machine
+    that would all write the same entry take turns, and the later ones find it written."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, or its process dies
+        yield

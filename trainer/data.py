@@ -29,6 +29,11 @@ What `prepare_data` does, each step cached so that a second call only opens file
    leaves a directory that looks complete. The .bin files are raw row-major token arrays
    (uint16 when the vocabulary fits, else int32); the manifest gives their shapes. A manifest
    written before the floor existed gets it added on first open (`trainer.cache` for the layout).
+
+On a Ray cluster the driver prepares the data and a trial opens it by its fingerprint
+(`open_prepared`): from its machine's cache, or, on a machine without the entry, from the
+driver's files (`entry_files`, shipped through Ray by `search.study`), written into that
+machine's cache once, so that no trial tokenises the corpus again.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +57,7 @@ from tokenizers import Tokenizer
 
 from space.errors import CramnasError
 from trainer.budget import Budget
-from trainer.cache import FORMAT_VERSION, cache_root, digest, write_atomically
+from trainer.cache import FORMAT_VERSION, cache_root, digest, locked, write_atomically
 from trainer.corpus import HELD_OUT_FRACTION, HUB_CONFIGS, Corpus, CorpusSource, DataError, Documents, logged
 from trainer.data_flags import add_data_arguments
 from trainer.packing import write_packed
@@ -69,6 +74,8 @@ from trainer.unigram import unigram_floor
 
 MIN_SEQ_LEN = 8
 MANIFEST = "manifest.json"
+# A cache entry's files: what a machine needs to open it without the corpus (`entry_files`).
+ENTRY_FILES = ("train.bin", "validation.bin", "tokenizer.json", MANIFEST)
 # What a streamed corpus prepares when neither max_tokens nor a token budget says: ~1 hour of
 # crammed BERT at an estimated 5e5 tokens/s on an H200, 4 GB of uint16 rows.
 STREAM_DEFAULT_TOKENS = 2_000_000_000
@@ -187,6 +194,37 @@ def prepare_data(
     return _open(data_dir, tokenizer, from_cache)
 
 
+def entry_files(fingerprint: str, cache_dir: str | os.PathLike | None = None) -> dict[str, np.ndarray]:
+    """The files of the prepared entry `fingerprint` as byte arrays mapped from disk, not read:
+    what the driver ships to the machines of a Ray cluster (`open_prepared`)."""
+    data_dir = cache_root(cache_dir) / "data" / fingerprint
+    return {name: np.asarray(np.memmap(data_dir / name, dtype=np.uint8, mode="r")) for name in ENTRY_FILES}
+
+
+def open_prepared(
+    fingerprint: str,
+    cache_dir: str | os.PathLike | None = None,
+    fetch: Callable[[], Mapping[str, np.ndarray]] | None = None,
+) -> tuple[PretrainData, str]:
+    """The prepared data `fingerprint` and where it came from: "cache", this machine's cache entry,
+    or "shipped", `fetch()`'s files (`entry_files` of another machine) written into this cache first.
+    Processes that start together on a machine without the entry take turns on a lock, so only the
+    first fetches and writes it. Needs no corpus; DataError when the entry is missing and no `fetch`."""
+    data_dir = cache_root(cache_dir) / "data" / fingerprint
+    source = "cache"
+    if not (data_dir / MANIFEST).is_file():
+        if fetch is None:
+            raise DataError(f"prepared data {fingerprint} is not in {data_dir.parent}; prepare it with the same "
+                            "settings on this machine, or point CRAMNAS_CACHE (--cache-dir) at a shared cache")
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        with locked(data_dir.parent / f".{fingerprint}.lock"):
+            if not (data_dir / MANIFEST).is_file():  # no process wrote it while this one waited
+                _install(fetch(), data_dir)
+                source = "shipped"
+    tokenizer = Tokenizer.from_file(str(data_dir / "tokenizer.json"))
+    return _open(data_dir, tokenizer, from_cache=source == "cache"), source
+
+
 def tokens_to_prepare(source: CorpusSource, budget: Budget, flops_per_token: float | None = None) -> int | None:
     """`max_tokens` for a run under `budget`: of a streamed corpus, the tokens a token budget trains
     on (a FLOP budget's too, given the model's FLOPs per token). None, prepare_data's default,
@@ -268,6 +306,20 @@ def _build(
         seq_len,
         timings["total"],
     )
+
+
+def _install(files: Mapping[str, np.ndarray], data_dir: Path) -> None:
+    """Write an entry's files (`entry_files`) as `data_dir`, whole or not at all, like `_build`."""
+    building = data_dir.parent / f".{data_dir.name}.{uuid.uuid4().hex[:8]}"
+    building.mkdir(parents=True)
+    try:
+        for name in ENTRY_FILES:
+            files[name].tofile(building / name)
+        _publish(building, data_dir)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    logger.info("wrote %s from the driver's prepared data", data_dir)
 
 
 def _publish(building: Path, data_dir: Path) -> None:

@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -30,6 +31,8 @@ from trainer.rollback import RollbackGuard
 class OutOfMemory(torch.OutOfMemoryError):
     """Device memory ran out even at micro-batch 1: this architecture does not fit."""
 
+
+T = TypeVar("T")
 
 # torch.compile's backend: inductor generates fused kernels; tests set "eager" (or a counting
 # backend) to check what is compiled without paying for code generation.
@@ -139,12 +142,16 @@ class Trainer(resume.ResumableState):
         # batch the same shape (trainer/masking.py), so the graph is compiled once.
         step_fn = torch.compile(self.model, backend=COMPILE_BACKEND, fullgraph=True)
         start = self.clock()
-        # One forward/backward on a random batch of the micro-batch's shape, its gradients dropped:
-        # weights, optimizer state, the data order and the masking draws are untouched.
-        rows = torch.randint(0, self.data.vocab_size, (self.micro_batch, self.arch.max_seq_len),
-                             generator=torch.Generator().manual_seed(self.train.seed))
-        generator = torch.Generator(self.device).manual_seed(self.train.seed)
-        mlm_backward(step_fn, rows, self.data, self.train.mlm_rate, self.device, generator)
+
+        def warm_up() -> None:
+            # One forward/backward on a random batch of the micro-batch's shape, its gradients
+            # dropped: weights, optimizer state, the data order and the masking draws are untouched.
+            rows = torch.randint(0, self.data.vocab_size, (self.micro_batch, self.arch.max_seq_len),
+                                 generator=torch.Generator().manual_seed(self.train.seed))
+            generator = torch.Generator(self.device).manual_seed(self.train.seed)
+            mlm_backward(step_fn, rows, self.data, self.train.mlm_rate, self.device, generator)
+
+        self.halving_on_oom(warm_up)  # a micro-batch that does not fit halves here, before the clock
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -181,15 +188,20 @@ class Trainer(resume.ResumableState):
 
     def micro_step(self, rows: torch.Tensor, scale: float) -> torch.Tensor:
         """Forward/backward of `rows` in chunks of `self.micro_batch` rows (one chunk unless memory
-        ran out before); the loss stays on the device. On CUDA out-of-memory the chunk size halves
-        for the rest of the run and the rows are redone, so the effective batch stays the same. The
-        gradients this optimizer step had accumulated before the failure are dropped with the failed
-        pass's partial ones."""
+        ran out before); the loss stays on the device."""
+        def chunks() -> torch.Tensor:
+            losses = [self.forward_backward(chunk, scale * len(chunk) / len(rows)) for chunk in rows.split(self.micro_batch)]
+            return sum(losses) / len(losses)
+
+        return self.halving_on_oom(chunks)
+
+    def halving_on_oom(self, work: Callable[[], T]) -> T:
+        """`work()`, redone at half the micro-batch after each CUDA out-of-memory, for the rest of
+        the run, so the effective batch stays the same. The gradients this optimizer step had
+        accumulated before the failure are dropped with the failed pass's partial ones."""
         while True:
             try:
-                chunks = rows.split(self.micro_batch)
-                losses = [self.forward_backward(chunk, scale * len(chunk) / len(rows)) for chunk in chunks]
-                return sum(losses) / len(losses)
+                return work()
             except torch.OutOfMemoryError as error:
                 if self.micro_batch == 1:
                     raise OutOfMemory(f"out of {self.device.type} memory even at micro_batch 1 (halved "
