@@ -20,10 +20,11 @@ from dashboards.analysis import Score
 from search.confirm import main
 from search.objectives import OBJECTIVES
 from search.tracking import StudyTracker
+from space.arch import ArchConfig
+from tests.confirm_study import BUDGET, SEEDS, TRAIN, tiny_arch, write_study
 from tests.dashboard_study import UNIGRAM_FLOOR, scratch_store, write_confirmations
 from tests.dashboard_study import write_study as write_synthetic_study
 from tests.helpers import CONFIGS, SLICE_SEQ, SLICE_VOCAB, requires_shared_data
-from tests.test_confirm import BUDGET, SEEDS, TRAIN, tiny_arch, write_study
 
 PROBE_SCORE = Score(OBJECTIVES["probe"])
 
@@ -49,7 +50,7 @@ def tiny_config(directory, name: str, source: str, lr: float) -> dict:
 def test_baselines_train_with_the_candidates_seeds_once(wiki_slice_dir, slice_cache, tmp_path, capsys, monkeypatch):
     configs = tmp_path / "configs"
     configs.mkdir()
-    recipes = {"hand-a": tiny_config(configs, "hand-a", "crammed-bert-cpu", 2e-3),
+    recipes = {"hand-a": tiny_config(configs, "hand-a", "crammed-bert-cpu", 3e-3),
                "hand-b": tiny_config(configs, "hand-b", "bert-original-cpu", 3e-4)}
     monkeypatch.setattr(search.confirm, "BASELINES", configs)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -199,7 +200,8 @@ def test_report_sets_the_search_against_each_baseline(tmp_path):
                                                         "tokens_per_s": 2000.0, "params": 4.2e6, "tokens": 1e6})
         page = report.write_report("hd", tmp_path / "hd.html", uri, log_artifact=False).read_text()
     section = page.split('id="hand-design"')[1].split("</section>")[0]
-    assert "crammed-bert-cpu" in section and "bert-original-cpu" in section and "4x256/4h" in section
+    shape = ArchConfig.from_dict(yaml.safe_load((CONFIGS / "crammed-bert-cpu.yaml").read_text())["arch"]).describe()
+    assert "crammed-bert-cpu" in section and "bert-original-cpu" in section and shape.split()[0] in section
     assert "probe average [95% CI]" in section and "4.2M" in section
     assert "outside noise: ahead" in section and "within noise" in section  # trial 0 against each
     assert section.count("<b>trial 0</b>") == 1 and "<b>trial 1</b>" in section

@@ -15,42 +15,13 @@ import pytest
 from search.confirm import main
 from search.tracking import StudyTracker
 from space.arch import ArchConfig
-from tests.helpers import ROOT, requires_shared_data
-from trainer.config import load_run_config
+from tests.confirm_study import BUDGET, SEEDS, TRAIN, tiny_arch, write_study
+from tests.helpers import requires_shared_data
 
 pytestmark = [requires_shared_data, pytest.mark.slow]  # each test writes a new MLflow store, most cram
 
-TRAIN = {**load_run_config(ROOT / "trainer" / "configs" / "crammed-bert-cpu.yaml").train.to_dict(),
-         "micro_batch": 8, "batch_size": 16, "seed": 7}
-SEEDS = [7 + 1001, 7 + 1002]  # train.seed + 1000 + k
-BUDGET = "3e3tokens"
-
-
-def tiny_arch(**changes) -> dict:
-    fields = {"layers": 1, "hidden": 32, "heads": 2, "ffn_mult": 2.0, "vocab_size": 2048, "max_seq_len": 64,
-              "sparse_prediction": True, **changes}
-    return ArchConfig(**fields).to_dict()
-
-
 # An architecture that cannot be built: 30 hidden units do not split into 4 heads.
 BROKEN_ARCH = {**tiny_arch(), "hidden": 30, "heads": 4}
-
-
-def write_study(uri: str, name: str, trials: list[tuple[dict, str, dict]], objective: str = "mlm",
-                probe_tasks: str = "", probe_limits: dict | None = None, artifacts: bool = True) -> dict[int, str]:
-    """A finished study as search.run records it; trials are (arch, cramnas state, metrics).
-    `artifacts=False`: runs as `--resume` rebuilds them from the study store, without arch.yaml.
-    Returns trial number -> run id."""
-    tracker = StudyTracker(uri, name)
-    tracker.start_study({"controller": "random", "objective": objective, "budget": "2e4tokens", "trials": len(trials),
-                         "train": TRAIN, "probe_tasks": probe_tasks, "probe_limits": probe_limits or {}})
-    runs = {}
-    for number, (arch, state, metrics) in enumerate(trials):
-        runs[number] = tracker.open_trial_run(number, arch, TRAIN, f"fp{number}")
-        tracker.finish_run(runs[number], state, {**metrics, "tokens": 19968},
-                           artifacts={"arch.yaml": arch} if artifacts else {})
-    tracker.finish_study()
-    return runs
 
 
 def confirmation_runs(uri: str, name: str) -> list:

@@ -3,7 +3,7 @@ run and `run`s MLM steps until the budget is spent.
 
 Its pieces: the learning-rate schedule and batch ramp come from `trainer.budget`, the rollback of
 a non-finite or spiking step from `trainer.rollback`, resumable checkpoints and intermediate
-validation from `trainer.resume`; on CUDA out-of-memory the micro-batch halves (`micro_step`).
+validation from `trainer.resume`; on CUDA out-of-memory the micro-batch halves (`halving_on_oom`).
 `trainer.cram` builds a `Trainer`, runs it and turns its state into a `CramResult`.
 """
 
