@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import CONFIGS, slice_config
+from space import load_space
+from tests.helpers import CONFIGS, ROOT, slice_config
 from trainer.checkpoint import load_checkpoint
 from trainer.config import ConfigError, load_run_config
 from trainer.cram import main
@@ -18,7 +19,10 @@ from trainer.cram import main
 def test_shipped_configs_load(name):
     run = load_run_config(CONFIGS / f"{name}.yaml")
     assert run.name == name
-    assert run.arch.vocab_size == (8192 if name.endswith("cpu") else 32768)
+    # A CPU config crams the CPU space's data (its fixed vocabulary and row length), so that it
+    # can stand beside a CPU study's trials as a baseline (search.confirm --baselines).
+    space = load_space(ROOT / "space" / "spaces" / ("crammed_bert_cpu.yaml" if name.endswith("cpu") else "crammed_bert.yaml"))
+    assert (run.arch.vocab_size, run.arch.max_seq_len) == (space.fixed["vocab_size"], space.fixed["max_seq_len"])
 
 
 def test_crammed_bert_is_cramming_final_architecture():

@@ -6,6 +6,7 @@ from dataclasses import fields
 
 import optuna
 import pytest
+import yaml
 
 from space import ArchConfig, OptunaDraws, RandomDraw, SearchSpace, SpaceError, default_space_path, load_space, mutate
 from space.expr import Expr, ExprError
@@ -122,15 +123,20 @@ def test_default_space_path_names_the_profiles():
         default_space_path("tpu")
 
 
-def test_validate_names_what_is_not_a_member():
-    space = load_space(default_space_path("cpu"))
-    member = space.sample_random(random.Random(0)).replace(norm_placement="post", final_norm=False)
+def test_validate_names_what_is_not_a_member(tmp_path):
+    # The CPU space with a tighter size bound than its own (every draw of which fits in 3M).
+    definition = yaml.safe_load(default_space_path("cpu").read_text())
+    definition["constraints"] = ["params_millions <= 1"]
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(definition, sort_keys=False))
+    space = load_space(tmp_path / "space.yaml")
+    member = space.sample_random(random.Random(0)).replace(norm_placement="post", final_norm=False, layers=1,
+                                                            hidden=64, heads=2)
     assert space.contains(member)
     assert "layers" in space.validate(member.replace(layers=16))
     assert "vocab_size" in space.validate(member.replace(vocab_size=32768))
     assert "final_norm" in space.validate(member.replace(final_norm=True))  # filtered out under post
-    big = member.replace(layers=6, hidden=256, heads=8, ffn_mult=4.0, ffn_kind="gelu", tie_embeddings=False)
-    assert "violates 'params_millions <= 8'" in space.validate(big)
+    big = member.replace(layers=4, hidden=192, heads=4, ffn_mult=4.0, ffn_kind="gelu", tie_embeddings=False)
+    assert "violates 'params_millions <= 1'" in space.validate(big)
 
 
 # ---- Optuna -----------------------------------------------------------------------------------------
