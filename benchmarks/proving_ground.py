@@ -1,6 +1,6 @@
 """The proving ground: does the search beat hand design? One command, resumable.
 
-    CRAMNAS_CACHE=/tmp/cramnas-cache python benchmarks/proving_ground.py --data ../shared/data [--out pg]
+    CRAMNAS_CACHE=/tmp/cramnas-cache python benchmarks/proving_ground.py --data ../shared/data [--out proving-ground]
 
 Stages, each the command a user would type (their output goes to `<out>/<stage>.log`):
 1. `search.run`: a TPE study of `--trials` trials on the CPU profile;
