@@ -22,6 +22,7 @@ loss skips the positions labelled IGNORE_INDEX.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -34,11 +35,13 @@ RANDOM_FRACTION = 0.1
 IGNORE_INDEX = -100
 
 
-def ordinary_token_ids(vocab_size: int, specials: torch.Tensor) -> torch.Tensor:
-    """The ids that are not special, in order; a stable sort instead of a boolean index, whose
-    result size the host would have to wait for."""
-    all_ids = torch.arange(vocab_size, device=specials.device)
-    is_special = torch.isin(all_ids, specials).to(torch.int8)
+@functools.lru_cache(maxsize=8)
+def ordinary_token_ids(vocab_size: int, specials: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The ids that are not special, in order, on `device`: built once per vocabulary, not in
+    every micro-step, and with a stable sort instead of a boolean index, whose result size the
+    host would have to wait for."""
+    all_ids = torch.arange(vocab_size, device=device)
+    is_special = torch.isin(all_ids, torch.tensor(specials, device=device)).to(torch.int8)
     return all_ids[torch.argsort(is_special, stable=True)[:vocab_size - len(specials)]]
 
 
@@ -68,7 +71,7 @@ def mask_tokens(
     action = torch.rand(input_ids.shape, generator=generator, device=device)
     to_mask = selected & (action < MASK_FRACTION)
     to_random = selected & (action >= MASK_FRACTION) & (action < MASK_FRACTION + RANDOM_FRACTION)
-    ordinary_ids = ordinary_token_ids(vocab_size, specials)
+    ordinary_ids = ordinary_token_ids(vocab_size, tuple(sorted(set(special_ids.values()))), device)
     random_ids = ordinary_ids[
         torch.randint(len(ordinary_ids), input_ids.shape, generator=generator, device=device)
     ]
@@ -115,7 +118,7 @@ def mask_fixed_count(
     labels = torch.where(ordinary, originals, IGNORE_INDEX)
 
     action = torch.rand(positions.shape, generator=generator, device=device)
-    ordinary_ids = ordinary_token_ids(vocab_size, specials)
+    ordinary_ids = ordinary_token_ids(vocab_size, tuple(sorted(set(special_ids.values()))), device)
     random_ids = ordinary_ids[torch.randint(len(ordinary_ids), positions.shape, generator=generator, device=device)]
     replaced = torch.where(action < MASK_FRACTION, special_ids["mask"], originals)
     replaced = torch.where((action >= MASK_FRACTION) & (action < MASK_FRACTION + RANDOM_FRACTION), random_ids, replaced)
