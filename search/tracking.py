@@ -44,6 +44,7 @@ from search.params import flatten, trial_params
 from search.retry import Retry, TrackingError, TrackingUnavailable, first_line, is_transient
 from search.states import COMPLETE, RUNNING, STATE_TAG, STATES
 from search.stores import resolve_uri, sqlite_path
+from trainer.regimes import regime_of
 
 TAG = "cramnas."  # prefix of every tag cramnas sets (besides MLflow's own `mlflow.parentRunId`)
 FAILURE_TAG = TAG + "failure_reason"
@@ -365,7 +366,8 @@ class StudyTracker:
                                                  run_id, "train_loss")}
             batch += [Metric("train_loss", float(loss), timestamp, int(tokens))
                       for tokens, loss in loss_curve if int(tokens) not in logged]
-        run_tags = {**_tags({**(tags or {}), "failure_reason": reason}), STATE_TAG: state}
+        # The regime (trainer/references.py) as a tag too: the MLflow UI filters runs by it.
+        run_tags = {**_tags({**(tags or {}), "failure_reason": reason, "regime": regime_of(final)}), STATE_TAG: state}
         self._log_batch("logging the run's results", run_id, metrics=batch, tags=run_tags)
         for name, content in (artifacts or {}).items():
             if isinstance(content, str):

@@ -8,8 +8,10 @@ so one bad architecture costs one trial, not the study.
 Reports, in order:
 - `budget_fraction`, `train_loss`, `tokens`, `tokens_per_s` every 1/16 of the budget: the rungs on
   which ASHA compares trials by their train loss (`ASHA_METRIC`; `training_iteration` counts them);
-- one final report with `final=True`: `validation_loss`, `unigram_floor` and `nats_below_unigram`
-  (how far below the loss of counting tokens it ended, trainer/unigram.py), probe metrics
+- one final report with `final=True`: `validation_loss` and its parts by corruption kind
+  (`validation_loss.mask`, `.random`, `.unchanged`), the references it is read against
+  (`unigram_floor`, `corruption_floor`, `context_reference`; trainer/references.py) with
+  `nats_below_unigram` and `nats_below_floor`, probe metrics
   (`glue.<task>.<metric>`), `probe_average`, tokens/s, params, FLOPs/token, `oom_halvings`, and `result` (CramResult +
   ProbeResult dicts); with `checkpoint_dir` in the spec (`search.run --save-checkpoints`), also
   `checkpoint_path`, where the worker wrote the trained model (`<checkpoint_dir>/t0007/`). It has
@@ -53,8 +55,11 @@ ASHA_METRIC = "train_loss"  # what ASHA compares trials on (lower is better): th
 def trial_metrics(cram_result: dict, probe_result: dict | None) -> dict[str, float]:
     """The flat numbers of a finished trial: what the controller and MLflow read."""
     metrics = {key: float(cram_result[key]) for key in
-               ("validation_loss", "unigram_floor", "nats_below_unigram", "tokens", "tokens_per_s", "params",
-                "flops_per_token", "seconds", "validation_seconds", "steps", "oom_halvings")}
+               ("validation_loss", "unigram_floor", "nats_below_unigram", "corruption_floor", "nats_below_floor",
+                "context_reference", "tokens", "tokens_per_s", "params", "flops_per_token", "seconds",
+                "validation_seconds", "steps", "oom_halvings")}
+    for kind, loss in cram_result["validation_loss_by_kind"].items():  # at [MASK], random and unchanged positions
+        metrics[f"validation_loss.{kind}"] = float(loss)
     metrics["rollbacks"] = float(len(cram_result.get("rollbacks", [])))  # diverged steps undone (trainer/rollback.py)
     if probe_result is not None:
         metrics["probe_average"] = float(probe_result["average"])

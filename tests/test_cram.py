@@ -68,7 +68,10 @@ def test_token_budget_is_exact_and_runs_are_reproducible(wiki_slice):
     assert first.tokens == tokens and first.micro_steps == 5
     assert first.unigram_floor == wiki_slice.unigram_floor > 0
     assert first.nats_below_unigram == pytest.approx(first.unigram_floor - first.validation_loss)
-    assert {"validation_loss", "unigram_floor", "nats_below_unigram"} <= set(first.to_dict())
+    assert first.corruption_floor == wiki_slice.corruption_floor
+    assert first.nats_below_floor == pytest.approx(first.corruption_floor - first.validation_loss)
+    assert first.regime == "plateau" and set(first.validation_loss_by_kind) == {"mask", "random", "unchanged"}
+    assert {"validation_loss", "unigram_floor", "nats_below_unigram", "context_reference"} <= set(first.to_dict())
     assert first.loss_curve == second.loss_curve
     assert first.validation_loss == second.validation_loss
     other_seed = cram(ARCH, TrainConfig(batch_size=32, micro_batch=8, seed=4), wiki_slice,

@@ -41,7 +41,7 @@ def test_cli_crams_and_writes_a_checkpoint_that_reloads(wiki_slice_dir, tmp_path
     assert result["seed"] == 7 and result["tokens"] > 0 and result["budget"] == "3s"
     printed = capsys.readouterr().out
     assert "validation MLM loss" in printed
-    assert f"unigram floor {result['unigram_floor']:.4f}: {result['nats_below_unigram']:+.4f} nats below it" in printed
+    assert f"regime {result['regime']}: " in printed and f"the corruption floor {result['corruption_floor']:.3f}" in printed
     model, _ = load_checkpoint(out)
     assert model.num_params() == result["params"]
 

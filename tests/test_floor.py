@@ -21,11 +21,15 @@ from space.arch import ArchConfig
 from tests.dashboard_study import UNIGRAM_FLOOR, scratch_store, write_study
 
 
-def test_trial_metrics_carry_the_floor_and_the_nats_below_it():
+def test_trial_metrics_carry_the_references_and_the_loss_by_kind():
     cram = {key: 1.0 for key in ("tokens", "tokens_per_s", "params", "flops_per_token", "seconds",
                                  "validation_seconds", "steps", "oom_halvings")}
-    metrics = trial_metrics({**cram, "validation_loss": 6.2, "unigram_floor": 6.95, "nats_below_unigram": 0.75}, None)
+    metrics = trial_metrics({**cram, "validation_loss": 6.2, "unigram_floor": 6.95, "nats_below_unigram": 0.75,
+                             "corruption_floor": 6.4, "nats_below_floor": 0.2, "context_reference": 3.2,
+                             "validation_loss_by_kind": {"mask": 6.8, "random": 7.0, "unchanged": 0.5}}, None)
     assert (metrics["validation_loss"], metrics["unigram_floor"], metrics["nats_below_unigram"]) == (6.2, 6.95, 0.75)
+    assert (metrics["corruption_floor"], metrics["nats_below_floor"], metrics["context_reference"]) == (6.4, 0.2, 3.2)
+    assert (metrics["validation_loss.mask"], metrics["validation_loss.unchanged"]) == (6.8, 0.5)
 
 
 @pytest.fixture(scope="module")

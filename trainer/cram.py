@@ -38,16 +38,25 @@ from trainer.data import PretrainData, prepare_data, tokens_to_prepare
 from trainer.data_flags import add_data_arguments
 from trainer.device import device_name, pick_device
 from trainer.epochs import corpus_tokens, repeat_warning_before
-from trainer.loop import OutOfMemory, Progress, Trainer, validation_loss
+from trainer.loop import OutOfMemory, Progress, Trainer
 from trainer.model import CrammedBert
+from trainer.regimes import describe_loss, regime
 from trainer.rollback import NonFiniteLoss
+from trainer.validation import validation_losses
 
 
 @dataclass
 class CramResult:
     validation_loss: float  # MLM loss on the fixed held-out sequences (`validation_loss`)
     unigram_floor: float  # the loss of predicting from train token frequencies alone (trainer/unigram.py)
-    nats_below_unigram: float  # unigram_floor - validation_loss: what the model learned beyond frequencies
+    nats_below_unigram: float  # unigram_floor - validation_loss
+    # The references of trainer/references.py: frequencies plus copying the unchanged tokens (the
+    # "learned nothing" line), and a count model that sees the two neighbours.
+    corruption_floor: float
+    nats_below_floor: float  # corruption_floor - validation_loss: what the model learned beyond copying
+    context_reference: float
+    validation_loss_by_kind: dict[str, float]  # at [MASK], random and unchanged positions
+    regime: str  # one of trainer.references.REGIMES
     tokens: int
     steps: int
     micro_steps: int
@@ -127,10 +136,13 @@ def cram_with_model(arch: ArchConfig, train: TrainConfig, data: PretrainData, bu
             long_run.warn(warning)
     seconds, tokens_per_s = trainer.run()
     evaluation_start = time.perf_counter()
-    held_out_loss = validation_loss(trainer.model, data, device)
+    held_out_loss, by_kind = validation_losses(trainer.model, data, device)
     result = CramResult(
         validation_loss=held_out_loss, unigram_floor=data.unigram_floor,
-        nats_below_unigram=data.unigram_floor - held_out_loss, validation_seconds=time.perf_counter() - evaluation_start,
+        nats_below_unigram=data.unigram_floor - held_out_loss, corruption_floor=data.corruption_floor,
+        nats_below_floor=data.corruption_floor - held_out_loss, context_reference=data.context_reference,
+        validation_loss_by_kind=by_kind, regime=regime(held_out_loss, data.corruption_floor, data.context_reference),
+        validation_seconds=time.perf_counter() - evaluation_start,
         tokens=trainer.tokens, steps=trainer.steps, micro_steps=trainer.micro_steps, seconds=seconds,
         tokens_per_s=tokens_per_s, params=trainer.model.num_params(), flops_per_token=trainer.flops_per_token,
         device=device_name(device), seed=train.seed, budget=budget.text, data_fingerprint=data.fingerprint,
@@ -242,8 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     print(f"validation MLM loss {result.validation_loss:.4f} after {result.tokens:,} tokens, {result.steps} steps, "
           f"{result.seconds:.1f} s ({result.tokens_per_s:,.0f} tokens/s)")
-    print(f"unigram floor {result.unigram_floor:.4f}: {result.nats_below_unigram:+.4f} nats below it "
-          f"({'learned beyond' if result.nats_below_unigram > 0 else 'no better than'} token frequencies)")
+    print(describe_loss(result.validation_loss, result.unigram_floor, result.corruption_floor, result.context_reference))
     print(f"checkpoint: {out}")
     if tracking_uri:
         from trainer.mlflow_record import RecordError, record_cram

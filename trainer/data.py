@@ -70,9 +70,13 @@ from trainer.tokenizer import (
     tokenizer_sha256,
     trained_tokenizer,
 )
-from trainer.unigram import unigram_floor
+from trainer.references import compute_references, shown_positions
+from trainer.unigram import token_counts, unigram_floor
+from trainer.validation import validation_masks
 
 MIN_SEQ_LEN = 8
+# Bumped when trainer/references.py changes what it computes: cached manifests then recompute them.
+REFERENCES_VERSION = 1
 MANIFEST = "manifest.json"
 # A cache entry's files: what a machine needs to open it without the corpus (`entry_files`).
 ENTRY_FILES = ("train.bin", "validation.bin", "tokenizer.json", MANIFEST)
@@ -102,6 +106,17 @@ class PretrainData:
     def unigram_floor(self) -> float:
         """The validation loss of predicting from train token frequencies alone (`trainer.unigram`)."""
         return self.manifest["unigram_floor"]
+
+    @property
+    def corruption_floor(self) -> float:
+        """Frequencies plus copying what BERT's corruption leaves unchanged: the loss of having
+        learned nothing (`trainer.references`)."""
+        return self.manifest["references"]["corruption_floor"]
+
+    @property
+    def context_reference(self) -> float:
+        """The loss of a count model that sees a masked token's two neighbours (`trainer.references`)."""
+        return self.manifest["references"]["context_reference"]
 
     def batches(self, batch_size: int, seed: int = 0, start: int = 0) -> Iterator[torch.Tensor]:
         """Shuffled training batches, LongTensor (batch_size, seq_len), forever.
@@ -340,17 +355,14 @@ def _open(data_dir: Path, tokenizer: Tokenizer, from_cache: bool) -> PretrainDat
         data_dir / "train.bin", dtype=dtype, mode="r", shape=(manifest["train"]["sequences"], seq_len)
     )
     validation = np.fromfile(data_dir / "validation.bin", dtype=dtype).reshape(-1, seq_len)
-    if "unigram_floor" not in manifest:
-        # Computed on the first open, of a fresh directory or of one prepared before the floor
-        # existed, and kept in the manifest: a cached directory stays valid without a FORMAT_VERSION bump.
-        with logged("computed the unigram floor"):
-            manifest["unigram_floor"] = unigram_floor(
-                train, validation, set(manifest["special_ids"].values()), manifest["vocab_size"]
-            )
+    if "unigram_floor" not in manifest or manifest.get("references", {}).get("version") != REFERENCES_VERSION:
+        # Computed on the first open, of a fresh directory or of one prepared before they existed,
+        # and kept in the manifest: a cached directory stays valid without a FORMAT_VERSION bump.
+        _add_references(manifest, train, validation)
         try:
             write_atomically(data_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-        except OSError as error:  # a read-only cache: the floor is recomputed on each open
-            logger.warning("cannot store the unigram floor in %s: %s", data_dir / MANIFEST, error)
+        except OSError as error:  # a read-only cache: the references are recomputed on each open
+            logger.warning("cannot store the loss references in %s: %s", data_dir / MANIFEST, error)
     return PretrainData(
         train=train,
         validation=validation,
@@ -363,6 +375,20 @@ def _open(data_dir: Path, tokenizer: Tokenizer, from_cache: bool) -> PretrainDat
         manifest=manifest,
         from_cache=from_cache,
     )
+
+
+def _add_references(manifest: dict, train: np.memmap, validation: np.ndarray) -> None:
+    """The unigram floor, corruption floor and context reference of these rows (trainer/references.py)."""
+    specials, vocab_size = manifest["special_ids"], manifest["vocab_size"]
+    with logged("computed the unigram floor"):
+        train_counts = token_counts(train, vocab_size)
+        manifest["unigram_floor"] = unigram_floor(train, validation, set(specials.values()), vocab_size,
+                                                  train_counts=train_counts)
+    with logged("computed the corruption floor and the two-neighbour context reference"):
+        shown = shown_positions(((ids.numpy(), labels.numpy()) for ids, labels in
+                                 validation_masks(validation, specials, vocab_size)), specials["mask"])
+        manifest["references"] = {"version": REFERENCES_VERSION, **compute_references(
+            train, shown, train_counts, set(specials.values()), vocab_size, specials["mask"])}
 
 
 def _check_settings(vocab_size: int, seq_len: int, normalization: str, max_validation_sequences: int,

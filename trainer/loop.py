@@ -23,9 +23,10 @@ from trainer.budget import micro_batches_per_step, triangle_lr
 from trainer.config import TrainConfig
 from trainer.data import PretrainData
 from trainer.device import autocast, to_device
-from trainer.masking import IGNORE_INDEX, mask_fixed_count, mask_tokens
+from trainer.masking import mask_fixed_count
 from trainer.model import CrammedBert
 from trainer.rollback import RollbackGuard
+from trainer.validation import validation_loss
 
 
 class OutOfMemory(torch.OutOfMemoryError):
@@ -74,28 +75,6 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig, device: torch.de
         (decay if param.ndim >= 2 else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.betas), eps=train.eps, fused=True)
-
-
-# Validation masks at BERT's standard rate whatever the recipe trains with, so losses of different
-# recipes (Cramming trains at 0.25, BERT at 0.15) and of different trials are comparable.
-VALIDATION_MLM_RATE = 0.15
-
-
-@torch.no_grad()
-def validation_loss(model: CrammedBert, data: PretrainData, device: torch.device, batch_size: int = 64) -> float:
-    """MLM loss on the fixed held-out sequences with a fixed masking seed and rate."""
-    model.eval()
-    generator = torch.Generator().manual_seed(1234)
-    total, count = 0.0, 0
-    for rows in data.validation_batches(batch_size):
-        ids, labels = mask_tokens(rows, VALIDATION_MLM_RATE, special_ids=data.special_ids,
-                                  vocab_size=data.vocab_size, generator=generator)
-        with autocast(device):
-            _, loss = model(ids.to(device), labels=labels.to(device))
-        n = int((labels != IGNORE_INDEX).sum())
-        total, count = total + float(loss) * n, count + n
-    model.train()
-    return total / max(count, 1)
 
 
 class Trainer(resume.ResumableState):

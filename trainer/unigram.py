@@ -40,12 +40,14 @@ def token_counts(rows: np.ndarray, vocab_size: int) -> np.ndarray:
     return counts
 
 
-def unigram_floor(train: np.ndarray, validation: np.ndarray, special_ids: Iterable[int], vocab_size: int) -> float:
+def unigram_floor(train: np.ndarray, validation: np.ndarray, special_ids: Iterable[int], vocab_size: int,
+                  train_counts: np.ndarray | None = None) -> float:
     """Cross-entropy in nats of the train split's smoothed token frequencies on the validation
-    tokens, special tokens excluded (see the module docstring)."""
+    tokens, special tokens excluded (see the module docstring). `train_counts`: `token_counts(train)`
+    when the caller has them already."""
     ordinary = np.ones(vocab_size, dtype=bool)
     ordinary[list(special_ids)] = False
-    train_counts = token_counts(train, vocab_size)[ordinary]
+    train_counts = (token_counts(train, vocab_size) if train_counts is None else train_counts)[ordinary]
     validation_counts = token_counts(validation, vocab_size)[ordinary]
     log_p = np.log(train_counts + 1) - np.log(train_counts.sum() + ordinary.sum())
     return float(-(validation_counts * log_p).sum() / validation_counts.sum())
