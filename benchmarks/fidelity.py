@@ -71,10 +71,9 @@ def cram_job(job: dict) -> dict:
                         seq_len=arch.max_seq_len, cache_dir=job["cache_dir"])
     reports: list[float] = []
     result = cram(arch, train, data, Budget.parse(job["budget"]), on_progress=lambda p: reports.append(p.train_loss))
-    return {"key": job["key"], "name": job["name"], "budget": job["budget"], "validation_loss": result.validation_loss,
-            "nats_below_unigram": result.nats_below_unigram, "unigram_floor": result.unigram_floor,
-            "tokens": result.tokens, "steps": result.steps, "params": result.params, "reports": reports,
-            "tokens_per_s": result.tokens_per_s}
+    # Everything of the CramResult but its curves (benchmarks/accounting.py reads the references too).
+    kept = {key: value for key, value in result.to_dict().items() if not key.endswith("curve")}
+    return {**kept, **{key: job[key] for key in ("key", "name", "budget")}, "reports": reports}
 
 
 def correlation(x: list[float], y: list[float], kind: str, resamples: int = 5000) -> tuple[float, float, float]:

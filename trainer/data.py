@@ -61,6 +61,7 @@ from trainer.cache import FORMAT_VERSION, cache_root, digest, locked, write_atom
 from trainer.corpus import HELD_OUT_FRACTION, HUB_CONFIGS, Corpus, CorpusSource, DataError, Documents, logged
 from trainer.data_flags import add_data_arguments
 from trainer.packing import write_packed
+from trainer.references import compute_references, shown_positions
 from trainer.tokenizer import (
     NORMALIZATIONS,
     SPECIAL_TOKENS,
@@ -70,7 +71,6 @@ from trainer.tokenizer import (
     tokenizer_sha256,
     trained_tokenizer,
 )
-from trainer.references import compute_references, shown_positions
 from trainer.unigram import token_counts, unigram_floor
 from trainer.validation import validation_masks
 

@@ -1,0 +1,330 @@
+"""Accounting: what a search's win is worth, counted in compute (issue 19, sections 3-5).
+
+    CRAMNAS_CACHE=/tmp/cramnas-cache python benchmarks/accounting.py --data ../shared/data \\
+        --study pg-tpe --tracking-uri sqlite:///pg/mlflow.db --storage sqlite:///pg/optuna.db \\
+        --baselines crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu --out accounting
+
+The winner is the study's best complete trial (its architecture and training settings as the trial
+had them) or `--winner CONFIG`. Every cram runs at a multiple of the budget `--budget` (default:
+the study's trial budget) with seeds 0, 1, 2; all are appended to `<out>/crams.jsonl` and a second
+call skips what is there (resumable). Stages, cheapest first:
+
+1. core: the winner and every baseline at 1x, 3 seeds: each one's mean validation loss with its
+   95% Student-t interval and regime (trainer/regimes.py).
+2. ladder: the `--ladder` baselines (default: crammed-bert-cpu and the best other baseline) at 2, 4,
+   8 and 16x (seed 0; 4x also seeds 1, 2), the winner at 4 and 16x. Primer's compute-equivalent
+   multiple (So et al. 2021): the compute a baseline needs to reach the winner's 1x loss,
+   interpolated linearly in log-compute between the measured multiples ("more than 16x" when it
+   never does), its interval from the winner's own 95% interval; the payback of the search's
+   compute (`payback`); whether the winner's lead holds at 4 and 16x, the rank correlation between
+   1x and 16x, and the multiple at which each goes below the two-neighbour count model.
+3. ablation: against the best baseline, each of the winner's architecture choices reverted alone,
+   and the 2x2 of {winner's, baseline's design} x {winner's, baseline's size}, 3 seeds each, paired
+   by seed: how much of the win is size and how much design.
+
+The tables go to `<out>/accounting.md` and stdout. The scale is the CPU profile's: what holds here
+is shown at these budgets and this data, not at GPU scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import math
+import multiprocessing
+import os
+import statistics
+from pathlib import Path
+
+from fidelity import UNIT, correlation, cram_job
+
+from search.stats import mean_interval
+from space.arch import ArchConfig, ArchError
+from trainer.budget import Budget
+from trainer.config import TrainConfig, load_run_config
+from trainer.regimes import regime
+
+CONFIGS = Path(__file__).resolve().parents[1] / "trainer" / "configs"
+SEEDS = (0, 1, 2)
+LADDER = (1, 2, 4, 8, 16)
+SIZE_FIELDS = ("layers", "hidden", "heads", "ffn_mult")  # what "size" means in the 2x2; the rest is design
+
+
+# ---- the arithmetic (tests/test_accounting.py) ---------------------------------------------------
+
+def compute_equivalent(multiples: list[float], losses: list[float], target: float) -> float | None:
+    """The smallest multiple of compute at which a loss curve (measured at increasing `multiples`)
+    reaches `target`, interpolating linearly in log-compute; 1.0 when it is there at the first,
+    None when it never is (the caller says "more than" the largest)."""
+    if losses[0] <= target:
+        return float(multiples[0])
+    for (m0, l0), (m1, l1) in zip(zip(multiples, losses), zip(multiples[1:], losses[1:])):
+        if l1 <= target < l0:
+            share = (l0 - target) / (l0 - l1)
+            return float(2 ** (math.log2(m0) + share * (math.log2(m1) - math.log2(m0))))
+    return None
+
+
+def payback(search_flops: float, final_flops: float, factor: float | None) -> dict[str, float | None]:
+    """The search's compute in final runs (K), the compute one final run saves (a baseline needs
+    `factor` x `final_flops` for the winner's loss), and after how many final runs the search has
+    paid for itself: K / (factor - 1). None where the winner saves nothing measurable."""
+    runs = search_flops / final_flops
+    if factor is None or factor <= 1:
+        return {"search_in_final_runs": runs, "saved_per_run": None, "payback_runs": None}
+    return {"search_in_final_runs": runs, "saved_per_run": (factor - 1) * final_flops,
+            "payback_runs": runs / (factor - 1)}
+
+
+def split_win(grid: dict[tuple[str, str], float]) -> dict[str, float]:
+    """The 2x2 of mean losses keyed (design, size), each "winner" or "baseline": the whole win
+    (baseline corner minus winner corner), its size part and its design part, each the effect
+    averaged over the other factor's two levels (they add up to the win), and the interaction:
+    how much more the baseline's size costs under the baseline's design than under the winner's."""
+    ww, wb, bw, bb = (grid[key] for key in (("winner", "winner"), ("winner", "baseline"), ("baseline", "winner"),
+                                             ("baseline", "baseline")))
+    return {"win": bb - ww, "size": ((wb - ww) + (bb - bw)) / 2, "design": ((bw - ww) + (bb - wb)) / 2,
+            "interaction": (bb - bw) - (wb - ww)}
+
+
+def study_compute(storage: str, study_name: str) -> dict[str, float]:
+    """FLOPs and device-seconds of every trial of a study, stopped ones included; a repeat trained
+    nothing (its result is another trial's) and a trial that failed before reporting counts 0."""
+    import optuna
+
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    flops = seconds = 0.0
+    trials = 0
+    for trial in study.get_trials(deepcopy=False):
+        metrics, arch = trial.user_attrs.get("metrics", {}), trial.user_attrs.get("arch")
+        if "repeat_of" in trial.user_attrs or arch is None or not metrics.get("tokens"):
+            continue
+        mlm_rate = TrainConfig.from_dict(trial.user_attrs.get("train", {})).mlm_rate
+        config = ArchConfig.from_dict(arch)
+        flops += metrics["tokens"] * config.flops_per_token(config.max_seq_len, mlm_rate)
+        seconds += metrics["tokens"] / metrics["tokens_per_s"] if metrics.get("tokens_per_s") else 0.0
+        trials += 1
+    return {"flops": flops, "device_seconds": seconds, "trials": trials}
+
+
+def study_winner(storage: str, study_name: str) -> tuple[dict, dict, str]:
+    """The best complete trial's architecture and training settings, and the study's trial budget."""
+    import optuna
+
+    from search.export import ranked_trials
+    from search.objectives import OBJECTIVES
+
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    best = ranked_trials(study, OBJECTIVES["mlm"])[0]
+    return best.user_attrs["arch"], best.user_attrs["train"], best.user_attrs["budget"]
+
+
+# ---- the crams ----------------------------------------------------------------------------------
+
+class Crams:
+    """Crams by (name, multiple, seed), run `jobs` at a time and kept in a JSON-lines file."""
+
+    def __init__(self, out: Path, data: str, cache_dir: str | None, budget: Budget, jobs: int):
+        self.path, self.data, self.cache_dir, self.budget, self.jobs = out / "crams.jsonl", data, cache_dir, budget, jobs
+        lines = self.path.read_text().splitlines() if self.path.exists() else []
+        self.done = {row["key"]: row for row in map(json.loads, lines)}
+
+    def key(self, name: str, multiple: float, seed: int) -> str:
+        return f"{name}|{multiple:g}x|{seed}"
+
+    def run(self, wanted: list[tuple[str, dict, dict, float, int]]) -> None:
+        """Cram every (name, arch, train, multiple, seed) not done yet."""
+        threads = max(1, (os.cpu_count() or 1) // self.jobs)
+        jobs = [{"key": self.key(name, multiple, seed), "name": name, "arch": arch, "train": {**train, "seed": seed},
+                 "budget": f"{self.budget.amount * multiple:g}{UNIT[self.budget.kind]}", "data": self.data,
+                 "cache_dir": self.cache_dir, "threads": threads}
+                for name, arch, train, multiple, seed in wanted if self.key(name, multiple, seed) not in self.done]
+        jobs.sort(key=lambda job: -Budget.parse(job["budget"]).amount)  # longest first: the pool ends evenly
+        print(f"{len(jobs)} crams to run, {len(wanted) - len(jobs)} done before", flush=True)
+        with concurrent.futures.ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for finished in concurrent.futures.as_completed([pool.submit(cram_job, job) for job in jobs]):
+                row = finished.result()
+                self.done[row["key"]] = row
+                with self.path.open("a") as file:
+                    file.write(json.dumps(row) + "\n")
+                print(f"  {row['key']}: {row['validation_loss']:.4f} ({row['regime']}), {row['tokens']:,} tokens, "
+                      f"{row['seconds']:.0f} s", flush=True)
+
+    def losses(self, name: str, multiple: float, seeds=SEEDS) -> list[float]:
+        return [self.done[k]["validation_loss"] for s in seeds if (k := self.key(name, multiple, s)) in self.done]
+
+    def any(self, name: str) -> dict:
+        return next(row for row in self.done.values() if row["name"] == name)
+
+
+def interval_text(values: list[float]) -> str:
+    mean, half = mean_interval(values)
+    return f"{mean:.3f}" + (f" ± {half:.3f}" if half is not None else "") + f" (n={len(values)})"
+
+
+def paired(a: list[float], b: list[float]) -> str:
+    """b - a seed by seed, with its 95% interval, and whether that is outside noise."""
+    mean, half = mean_interval([y - x for x, y in zip(a, b)])
+    verdict = "" if half is None else (" outside noise" if abs(mean) > half else " within noise")
+    return f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "") + verdict
+
+
+# ---- the stages -----------------------------------------------------------------------------------
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--study", help="the study whose winner and compute are accounted")
+    parser.add_argument("--storage", help="its Optuna storage, e.g. sqlite:///optuna.db")
+    parser.add_argument("--winner", help="a run config instead of the study's best trial (search.export writes one)")
+    parser.add_argument("--baselines", default="crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu")
+    parser.add_argument("--ladder", help="baselines to cram at 2-16x (default: crammed-bert-cpu and the best other)")
+    parser.add_argument("--budget", help="the 1x budget (default: the study's trial budget)")
+    parser.add_argument("--stages", default="core,ladder,ablation")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", default="accounting")
+    parser.add_argument("--cache-dir")
+    args = parser.parse_args()
+
+    if args.winner:
+        run = load_run_config(args.winner)
+        winner_arch, winner_train, study_budget = run.arch.to_dict(), run.train.to_dict(), None
+    elif args.study and args.storage:
+        winner_arch, winner_train, study_budget = study_winner(args.storage, args.study)
+    else:
+        parser.error("--study with --storage, or --winner CONFIG")
+    budget = Budget.parse(args.budget or study_budget or "2e12flops")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    crams = Crams(out, args.data, args.cache_dir, budget, args.jobs)
+    baselines = {name: load_run_config(CONFIGS / f"{name}.yaml") for name in args.baselines.split(",")}
+    configs = {"winner": (winner_arch, winner_train), **{name: (run.arch.to_dict(), run.train.to_dict())
+                                                          for name, run in baselines.items()}}
+    stages = set(args.stages.split(","))
+    lines = [f"# Accounting at {budget.text} = 1x ({ArchConfig.from_dict(winner_arch).describe()} is the winner)", ""]
+
+    crams.run([(name, arch, train, 1, seed) for name, (arch, train) in configs.items() for seed in SEEDS])
+    lines += core_table(crams, configs)
+    ranked = sorted(baselines, key=lambda name: statistics.mean(crams.losses(name, 1)))
+    best = ranked[0]
+    if "ladder" in stages:
+        ladder = args.ladder.split(",") if args.ladder else list(dict.fromkeys(["crammed-bert-cpu", best]))
+        crams.run([(name, *configs[name], m, 0) for name in ladder for m in LADDER[1:]]
+                  + [(name, *configs[name], 4, seed) for name in ladder for seed in SEEDS[1:]]
+                  + [("winner", *configs["winner"], m, 0) for m in (4, 16)])
+        search = study_compute(args.storage, args.study) if args.study and args.storage else None
+        lines += ladder_tables(crams, ladder, budget, search)
+    if "ablation" in stages:
+        lines += ablation_tables(crams, configs, best)
+    text = "\n".join(lines) + "\n"
+    (out / "accounting.md").write_text(text)
+    print("\n" + text)
+
+
+def core_table(crams: Crams, configs: dict) -> list[str]:
+    reference = crams.any("winner")
+    rows = ["| configuration | architecture | params | validation loss (95% CI) | regime | tokens |", "|---|---|---|---|---|---|"]
+    for name in sorted(configs, key=lambda n: statistics.mean(crams.losses(n, 1))):
+        row = crams.any(name)
+        losses = crams.losses(name, 1)
+        where = regime(statistics.mean(losses), row["corruption_floor"], row["context_reference"])
+        rows.append(f"| {name} | {ArchConfig.from_dict(configs[name][0]).describe()} | {row['params'] / 1e6:.2f}M | "
+                    f"{interval_text(losses)} | {where} | {row['tokens']:,} |")
+    return ["## 1x, 3 seeds", "", f"corruption floor {reference['corruption_floor']:.3f}, two-neighbour count model "
+            f"{reference['context_reference']:.3f}, unigram floor {reference['unigram_floor']:.3f}", "", *rows, ""]
+
+
+def ladder_tables(crams: Crams, ladder: list[str], budget: Budget, search: dict | None) -> list[str]:
+    winner = crams.losses("winner", 1)
+    target, half = mean_interval(winner)
+    half = half or 0.0
+    lines = ["## Compute-equivalent multiple (loss of the winner at 1x reached by a baseline at m x)", "",
+             "| baseline | " + " | ".join(f"{m}x" for m in LADDER) + " | multiple (95% CI) |",
+             "|---|" + "---|" * (len(LADDER) + 1)]
+    factors = {}
+    for name in ladder:
+        curve = [statistics.mean(crams.losses(name, m) or [math.nan]) for m in LADDER]
+        point, low, high = (compute_equivalent(list(LADDER), curve, t) for t in (target, target + half, target - half))
+        factors[name] = point
+        shown = lambda m: f"{m:.1f}x" if m is not None else f"> {LADDER[-1]}x"
+        lines.append(f"| {name} | " + " | ".join(f"{loss:.3f}" for loss in curve) +
+                     f" | {shown(point)} ({shown(low)} to {shown(high)}) |")
+    lines += ["", "The interval carries the winner's seed noise at 1x; the baseline's own at 1x and 4x is in the "
+              "3-seed columns of the core table and below.", ""]
+    lines += ["## Longer budgets (seed 0)", "", "| | 1x | 4x | 16x |", "|---|---|---|---|"]
+    names = ["winner", *ladder]
+    at = {name: [crams.losses(name, m, seeds=(0,))[0] for m in (1, 4, 16)] for name in names}
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(f"{loss:.3f}" for loss in at[name]) + " |")
+    best = min(ladder, key=lambda name: at[name][0])
+    leads = " | ".join(f"{b - w:+.3f}" for w, b in zip(at["winner"], at[best]))
+    lines.append(f"| lead of the winner over {best} | {leads} |")
+    context = crams.any("winner")["context_reference"]
+    for name in names:
+        below = next((m for m, loss in zip((1, 4, 16), at[name]) if loss < context), None)
+        lines.append(f"\n{name} goes below the two-neighbour count model ({context:.3f}) at "
+                     + (f"{below}x" if below else "none of 1x, 4x, 16x"))
+    if len(names) >= 3:
+        rho, low, high = correlation([at[n][0] for n in names], [at[n][2] for n in names], "spearman")
+        lines.append(f"\nSpearman 1x against 16x over {len(names)} configurations: {rho:.2f} ({low:.2f} to {high:.2f})")
+    if search is not None:
+        factor = factors[best]
+        final = budget.amount if budget.kind == "flops" else math.nan
+        spent = search["flops"] + 3 * final  # the winner's confirmation seeds count as search too
+        account = payback(spent, final, factor)
+        lines += ["", "## Payback", "",
+                  f"the study: {search['trials']} trials, {search['flops']:.3g} FLOPs, {search['device_seconds'] / 3600:.2f} "
+                  f"device-hours (one core each); with the winner's 3 confirmation seeds {spent:.3g} FLOPs",
+                  f"= {account['search_in_final_runs']:.0f} final runs of {budget.text}; against {best} the winner saves "
+                  + (f"a factor {factor:.1f} per final run, so the search pays back after {account['payback_runs']:.1f} runs"
+                     if account["payback_runs"] is not None else "no measurable factor within the ladder")]
+        spent_multiple = 1 + account["search_in_final_runs"]
+        lines.append(f"Spending it instead on {best}'s cram means {spent_multiple:.0f}x its budget: "
+                     + ("beyond the measured ladder (16x)" if spent_multiple > LADDER[-1] else "inside the ladder"))
+    return lines + [""]
+
+
+def ablation_tables(crams: Crams, configs: dict, best: str) -> list[str]:
+    winner_arch, train = configs["winner"]
+    base_arch = configs[best][0]
+    differing = [f for f in winner_arch if winner_arch[f] != base_arch[f] and f not in ("vocab_size", "max_seq_len")]
+    variants = {}
+    for field in differing:
+        try:
+            variants[f"winner, {field} as {best}"] = ArchConfig.from_dict({**winner_arch, field: base_arch[field]}).to_dict()
+        except ArchError:  # an impossible single change (heads that do not divide hidden): the 2x2 covers it
+            continue
+    sized = lambda design, size: {**design, **{f: size[f] for f in SIZE_FIELDS}}
+    grid_archs = {("winner", "baseline"): sized(winner_arch, base_arch), ("baseline", "winner"): sized(base_arch, winner_arch)}
+    grid_archs = {key: arch for key, arch in grid_archs.items() if _valid(arch)}
+    crams.run([(name, arch, train, 1, seed) for name, arch in variants.items() for seed in SEEDS]
+              + [(f"{d} design, {s} size", arch, train, 1, seed) for (d, s), arch in grid_archs.items() for seed in SEEDS])
+    winner = crams.losses("winner", 1)
+    lines = [f"## Ablation against {best} (each choice of the winner reverted alone; reverted - winner, paired by seed)", "",
+             "| variant | validation loss | reverted - winner |", "|---|---|---|"]
+    for name in variants:
+        lines.append(f"| {name} | {interval_text(crams.losses(name, 1))} | {paired(winner, crams.losses(name, 1))} |")
+    if len(grid_archs) == 2:
+        grid = {("winner", "winner"): statistics.mean(winner), ("baseline", "baseline"): statistics.mean(crams.losses(best, 1)),
+                **{key: statistics.mean(crams.losses(f"{key[0]} design, {key[1]} size", 1)) for key in grid_archs}}
+        parts = split_win(grid)
+        lines += ["", "## Size or design? ({design} x {size}, mean of 3 seeds)", "", "| | winner's size | baseline's size |",
+                  "|---|---|---|",
+                  f"| winner's design | {grid['winner', 'winner']:.3f} | {grid['winner', 'baseline']:.3f} |",
+                  f"| {best}'s design | {grid['baseline', 'winner']:.3f} | {grid['baseline', 'baseline']:.3f} |", "",
+                  f"win {parts['win']:+.3f} nats = size {parts['size']:+.3f} + design {parts['design']:+.3f} "
+                  f"(interaction {parts['interaction']:+.3f}: the size effect under {best}'s design minus under the winner's)"]
+    return lines + [""]
+
+
+def _valid(arch: dict) -> bool:
+    try:
+        ArchConfig.from_dict(arch)
+    except ArchError:  # e.g. one's heads that do not divide the other's hidden
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    main()
