@@ -11,8 +11,10 @@ Stages, each the command a user would type (their output goes to `<out>/<stage>.
    (`search.confirm --top 0 --baselines ...`: `cramnas.kind=baseline`); the three run side by
    side, one thread each;
 4. `dashboards.report` of the TPE study (its "search vs hand design" section);
-5. the table: per configuration, mean validation loss, nats below the unigram floor and probe
-   average with 95% Student-t intervals over the seeds, tokens/s and params; the search winner
+5. `benchmarks/accounting.py` of the TPE study's winner against the baselines of today (all but
+   bert-original-cpu): compute-equivalent multiple, payback, longer budgets, size or design;
+6. the table: per configuration, mean validation loss, nats below the corruption floor and probe
+   average with 95% Student-t intervals over the seeds, its regime, tokens/s and params; the search winner
    against each baseline and TPE's best against random's best as paired per-seed differences with
    95% intervals. Written to `<out>/proving_ground.md` and printed.
 Both studies and all confirmations share one MLflow store, `<out>/mlflow.db`. `<out>/state.json`
@@ -38,10 +40,12 @@ from search.stats import mean_interval
 from space.arch import ArchConfig
 from trainer.budget import Budget
 from trainer.config import load_run_config
+from trainer.regimes import regime_of
 
 UNIT = {"seconds": "s", "tokens": "tokens", "flops": "flops"}  # Budget.kind -> the unit Budget.parse reads
-COLUMNS = {"validation_loss": "validation loss", "nats_below_unigram": "nats below unigram",
+COLUMNS = {"validation_loss": "validation loss", "nats_below_floor": "nats below corruption floor",
            "probe_average": "probe average"}
+BASELINES = "crammed-bert-cpu,bert-original-cpu,neobert-cpu,modernbert-cpu,sized-cpu"
 
 
 class Stages:
@@ -131,13 +135,19 @@ def table(uri: str, studies: dict[str, str], baselines_in: str) -> str:
     rows += [(f"{name} (hand-designed)", seeds, describe(load_run_config(CONFIGS / f"{name}.yaml").arch.to_dict()))
              for name, seeds in baselines.items()]
 
-    lines = ["| configuration | architecture | seeds | validation loss | nats below unigram | probe average | tokens/s "
-             "| params |", "|---|---|---|---|---|---|---|---|"]
+    references = rows[0][1].iloc[0] if rows else None
+    lines = [] if references is None or "corruption_floor" not in references else [
+        f"References (trainer/references.py): corruption floor {references['corruption_floor']:.3f} (frequencies + "
+        f"copying: learned nothing), two-neighbour count model {references['context_reference']:.3f}, unigram floor "
+        f"{references['unigram_floor']:.3f}.", ""]
+    lines += ["| configuration | architecture | seeds | " + " | ".join(COLUMNS.values()) + " | regime | tokens/s | params |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for name, seeds, architecture in sorted(rows, key=lambda row: row[1]["validation_loss"].mean()):
         cells = [interval(seeds[m]) if m in seeds else "-" for m in COLUMNS]
-        lines.append(f"| {name} | {architecture} | {len(seeds)} | {' | '.join(cells)} | "
+        mean = seeds.mean(numeric_only=True).to_dict()
+        lines.append(f"| {name} | {architecture} | {len(seeds)} | {' | '.join(cells)} | {regime_of(mean) or '-'} | "
                      f"{seeds['tokens_per_s'].mean():,.0f} | {seeds['params'].mean() / 1e6:.2f}M |")
-    lines += ["", "| comparison (paired by seed: first minus second) | validation loss | nats below unigram |",
+    lines += ["", "| comparison (paired by seed: first minus second) | validation loss | nats below corruption floor |",
               "|---|---|---|"]
     pairs = []
     if "TPE" in best:
@@ -149,7 +159,7 @@ def table(uri: str, studies: dict[str, str], baselines_in: str) -> str:
         pairs += [(best["random"], (f"{name} (hand-designed)", seeds)) for name, seeds in baselines.items()]
     for (name_a, a), (name_b, b) in pairs:
         lines.append(f"| {name_a} vs {name_b} | {paired(a, b, 'validation_loss')} | "
-                     f"{paired(a, b, 'nats_below_unigram')} |")
+                     f"{paired(a, b, 'nats_below_floor')} |")
     return "\n".join(lines)
 
 
@@ -164,7 +174,7 @@ def main() -> None:
     parser.add_argument("--budget", help="the trials' budget (default: the profile's)")
     parser.add_argument("--long-factor", type=float, default=3.0, help="the confirmation budget, in trial budgets")
     parser.add_argument("--long-budget", help="the confirmation budget (default: --long-factor x the trials')")
-    parser.add_argument("--baselines", default="crammed-bert-cpu,bert-original-cpu")
+    parser.add_argument("--baselines", default=BASELINES)
     parser.add_argument("--seed", type=int, default=0, help="the studies' controller seed")
     args = parser.parse_args()
 
@@ -196,6 +206,11 @@ def main() -> None:
                one_thread)
     stages.run("report", [python + ["dashboards.report", "--study", studies["TPE"], "--tracking-uri", uri,
                                     "--out", str(out / "report.html")]], env)
+    # The accounting of the TPE study's win (benchmarks/accounting.py) against the baselines of today.
+    modern = ",".join(name for name in args.baselines.split(",") if name != "bert-original-cpu")
+    stages.run("accounting", [[sys.executable, str(Path(__file__).parent / "accounting.py"), "--data", args.data,
+                               "--study", studies["TPE"], "--storage", f"sqlite:///{out / 'optuna.db'}",
+                               "--baselines", modern, "--budget", budget.text, "--out", str(out / "accounting")]], env)
     markdown = table(uri, studies, studies["TPE"])
     walls = ", ".join(f"{name} {entry['seconds'] / 60:.1f} min" for name, entry in stages.state.items())
     text = (f"Trial budget {budget.text}, confirmation budget {long}, {args.trials} trials per study, top {args.top} "
