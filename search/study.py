@@ -21,8 +21,8 @@ import optuna
 
 from search import controllers
 from search.retry import Retry, TrackingUnavailable
-from search.run import StudyPlan
 from search.searcher import CramnasSearcher
+from search.spec import StudyPlan
 from search.states import COMPLETE, FAILED, PRUNED, state_of_trial
 from search.tracking import StudyTracker
 from search.trial import ASHA_METRIC
