@@ -15,8 +15,9 @@ lookup and the study's storage is the one persistent record of the search:
 Resume is `open_study(..., resume=True)`, `fail_stale_running(study)`, then
 `rerun_cut_short(study, remaining)`: samplers rebuild from the stored trials, and
 `RegularizedEvolutionSampler` keeps no state beyond them, so it continues exactly; the trials the
-dead driver left running are failed and their architectures queued to be asked again. Storage is an Optuna URL (default SQLite next to MLflow's `mlflow.db`) or any Optuna
-storage object, e.g. a `JournalStorage`; `None` keeps the study in memory.
+dead driver left running are failed and their architectures queued to be asked again. Storage is
+an Optuna URL (default SQLite next to MLflow's `mlflow.db`) or any Optuna storage object, e.g. a
+`JournalStorage`; `None` keeps the study in memory.
 """
 
 from __future__ import annotations
