@@ -9,7 +9,8 @@ while) must leave them agreeing. The audit checks, and says what it found:
 - the states agree (`search.states`): complete and repeat are FINISHED, pruned is KILLED, failed
   is FAILED (or KILLED, for a trial whose driver died under it, `search.study.reconcile`);
 - every failed trial run says why (`cramnas.failure_reason`);
-- with `--trials N`: complete + pruned + failed is exactly N.
+- with `--trials N`: complete + pruned + failed is exactly N (a trial the driver's death cut short
+  does not count: its re-run does, `search.controllers.rerun_cut_short`).
 Exit code 0 when all hold, 1 with one line per problem otherwise.
 """
 
@@ -26,7 +27,7 @@ from space.errors import CramnasError
 @dataclass
 class Audit:
     study: str
-    counts: dict[str, int]  # Optuna trials by state (complete, pruned, failed, running, infeasible)
+    counts: dict[str, int]  # Optuna trials by state (complete, pruned, failed, running, infeasible, cut_short)
     runs: dict[str, int]  # MLflow trial runs by run status
     problems: list[str] = field(default_factory=list)
 

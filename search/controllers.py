@@ -12,10 +12,12 @@ lookup and the study's storage is the one persistent record of the search:
 
 (`OBJECTIVES` is `search.objectives`'; the state names `tell` takes are `search.states`'.)
 
-Resume is `open_study(..., resume=True)` then `fail_stale_running(study)`: samplers rebuild from the
-stored trials, and `RegularizedEvolutionSampler` keeps no state beyond them, so it continues
-exactly. Storage is an Optuna URL (default SQLite next to MLflow's `mlflow.db`) or any Optuna
-storage object, e.g. a `JournalStorage`; `None` keeps the study in memory.
+Resume is `open_study(..., resume=True)`, `fail_stale_running(study)`, then
+`rerun_cut_short(study, remaining)`: samplers rebuild from the stored trials, and
+`RegularizedEvolutionSampler` keeps no state beyond them, so it continues exactly; the trials the
+dead driver left running are failed and their architectures queued to be asked again. Storage is
+an Optuna URL (default SQLite next to MLflow's `mlflow.db`) or any Optuna storage object, e.g. a
+`JournalStorage`; `None` keeps the study in memory.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ from space import ArchConfig, OptunaDraws, SearchSpace, mutate
 from space.errors import CramnasError
 
 __all__ = [
-    "CONTROLLERS", "DEFAULT_STORAGE", "Controller", "Proposal", "RegularizedEvolutionSampler", "ask",
-    "fail_stale_running", "make_sampler", "open_study", "study_counts", "tell",
+    "CONTROLLERS", "DEFAULT_STORAGE", "DRIVER_DIED", "Controller", "Proposal", "RegularizedEvolutionSampler", "ask",
+    "fail_stale_running", "is_cut_short", "make_sampler", "open_study", "rerun_cut_short", "study_counts", "tell",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -232,7 +234,8 @@ def open_study(name: str, storage: str | BaseStorage | None, controller: str, ob
 @dataclass(frozen=True)
 class Proposal:
     """One asked trial. `repeat_of` is a COMPLETE trial with the same architecture: tell its values
-    instead of training. The lineage fields are set by evolution only."""
+    instead of training. `rerun_of` is the trial the driver's death cut short that this one trains
+    again (`rerun_cut_short`). The other lineage fields are set by evolution only."""
 
     number: int
     config: ArchConfig
@@ -241,16 +244,30 @@ class Proposal:
     mutation: str | None = None
     generation: int | None = None
     repeat_of: int | None = None
+    rerun_of: int | None = None
+
+
+# Evolution's lineage of a trial (`RegularizedEvolutionSampler.before_trial`): a re-run keeps its original's.
+LINEAGE = ("generation", "parent_trial", "mutation")
 
 
 def ask(study: optuna.Study, space: SearchSpace) -> Proposal:
     """Ask the study's sampler for a member of `space`; infeasible draws are told PRUNED (user
-    attribute `infeasible`) and redrawn. The trial stores `arch` and `fingerprint`."""
+    attribute `infeasible`) and redrawn. The trial stores `arch` and `fingerprint`. A re-run queued
+    by `rerun_cut_short` comes first, with its original's parameters (Optuna's waiting trials)."""
     config, draw = space.sample(OptunaDraws(study))
     trial = draw.trial
     fingerprint = config.fingerprint()
     trial.set_user_attr("arch", config.to_dict())
     trial.set_user_attr("fingerprint", fingerprint)
+    rerun_of = trial.user_attrs.get("rerun_of")
+    if rerun_of is not None:
+        # The sampler's before_trial ran for it too (evolution bred a child it never hands out,
+        # since the parameters are fixed): the architecture is the original's, so is its lineage.
+        cut, drawn = _trial(study, rerun_of).user_attrs, trial.user_attrs
+        for key in LINEAGE:
+            if key in cut or key in drawn:
+                trial.set_user_attr(key, cut.get(key))
     original = next((t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                      if t.user_attrs.get("fingerprint") == fingerprint and "repeat_of" not in t.user_attrs),
                     None)
@@ -259,7 +276,7 @@ def ask(study: optuna.Study, space: SearchSpace) -> Proposal:
     # Re-read: samplers (evolution) write their attributes through the storage in before_trial.
     attrs = _trial(study, trial.number).user_attrs
     return Proposal(trial.number, config, fingerprint, attrs.get("parent_trial"), attrs.get("mutation"),
-                    attrs.get("generation"), original)
+                    attrs.get("generation"), original, rerun_of)
 
 
 def tell(study: optuna.Study, trial_number: int, values: Sequence[float] | None = None,
@@ -294,14 +311,26 @@ def tell(study: optuna.Study, trial_number: int, values: Sequence[float] | None 
 
 
 def study_counts(study: optuna.Study) -> dict[str, int]:
-    """Trials by state; infeasible draws (PRUNED with user attribute `infeasible`) count apart, and
-    repeats count as complete: each is one of the study's trials, with a result."""
-    counts = dict.fromkeys((*(name for name in STATES if name != REPEAT), "infeasible"), 0)
+    """Trials by state; repeats count as complete: each is one of the study's trials, with a result.
+    Two kinds count apart, as no result of the study's: infeasible draws (PRUNED with user attribute
+    `infeasible`), and `cut_short`, failed trials the driver's death cut short (`is_cut_short`),
+    whose architectures are trained again in re-runs (`rerun_cut_short`), which count."""
+    counts = dict.fromkeys((*(name for name in STATES if name != REPEAT), "infeasible", "cut_short"), 0)
     for trial in study.get_trials(deepcopy=False, states=tuple({row.trial_state for row in STATES.values()})):
         state = state_of_trial(trial)
         infeasible = trial.state == TrialState.PRUNED and "infeasible" in trial.user_attrs
-        counts["infeasible" if infeasible else COMPLETE if state == REPEAT else state] += 1
+        counts["infeasible" if infeasible else "cut_short" if is_cut_short(trial)
+               else COMPLETE if state == REPEAT else state] += 1
     return counts
+
+
+# The failure reason of a trial whose driver died under it: not the trial's fault.
+DRIVER_DIED = "driver died"
+
+
+def is_cut_short(trial: FrozenTrial) -> bool:
+    """A trial failed because the driver died while it ran (`fail_stale_running`)."""
+    return trial.state == TrialState.FAIL and trial.user_attrs.get("failure_reason") == DRIVER_DIED
 
 
 def fail_stale_running(study: optuna.Study) -> list[int]:
@@ -309,8 +338,27 @@ def fail_stale_running(study: optuna.Study) -> list[int]:
     trial is stale). Returns their numbers."""
     stale = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
     for number in stale:
-        tell(study, number, state=FAILED, reason="driver died")
+        tell(study, number, state=FAILED, reason=DRIVER_DIED)
     return stale
+
+
+def rerun_cut_short(study: optuna.Study, limit: int) -> list[int]:
+    """Queue a re-run of each trial the driver's death cut short that has none yet, oldest first and
+    at most `limit` (the trials the study has left to run): a new trial with the same parameters,
+    hence the same architecture, and the user attribute `rerun_of`, which `ask` hands out before
+    drawing anything new (Optuna's waiting trials, as `RetryFailedTrialCallback` re-runs a failed
+    trial). Returns the numbers of the trials re-run.
+
+    Each is re-run once, whatever the number of resumes: a queued re-run is a trial already, and
+    one cut short in its turn is re-run as itself. A trial whose architecture was never drawn (the
+    driver died inside `ask`) had nothing in flight and is not re-run; nor is one that failed by
+    its own fault (its reason is not `DRIVER_DIED`)."""
+    trials = study.get_trials(deepcopy=False)
+    rerun = {t.user_attrs["rerun_of"] for t in trials if t.user_attrs.get("rerun_of") is not None}
+    owed = [t for t in trials if is_cut_short(t) and "arch" in t.user_attrs and t.number not in rerun]
+    for trial in owed[:max(limit, 0)]:
+        study.enqueue_trial(dict(trial.params), user_attrs={"rerun_of": trial.number})
+    return [trial.number for trial in owed[:max(limit, 0)]]
 
 
 def _trial(study: optuna.Study, number: int) -> FrozenTrial:

@@ -13,7 +13,6 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,10 +22,7 @@ from space.errors import CramnasError, UsageError
 from trainer.data_flags import add_data_arguments
 
 if TYPE_CHECKING:  # imported for real only after the flags are checked (torch, Ray, Optuna: seconds)
-    import optuna
-
-    from search.objectives import Objective
-    from search.spec import TrialSpec
+    from search.spec import StudyPlan
     from space.search_space import SearchSpace
     from trainer.budget import Budget
     from trainer.config import TrainConfig
@@ -65,32 +61,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", help="device profile: cpu, gpu or a profile YAML (default: gpu if CUDA is present)")
     return parser.parse_args(argv)
-
-
-@dataclass
-class StudyPlan:
-    """Everything a study needs, checked: built before Ray starts."""
-
-    study: str
-    optuna_study: optuna.Study
-    resume: bool
-    trials: int
-    controller: str
-    objective: Objective
-    space: SearchSpace
-    space_path: Path
-    budget: Budget
-    template: TrialSpec  # what every trial gets, before its own arch (`TrialSpec.for_trial`)
-    resources: dict[str, float]
-    max_concurrent: int | None  # --max-concurrent; None: as many as the resources allow (search.study)
-    early_stop: dict[str, Any] | None
-    tracking_uri: str
-    storage: str
-    address: str | None
-    seed: int
-    # The prepared data's validation loss of predicting from token frequencies alone (trainer/unigram.py):
-    # what every trial's loss is read against. None only for a plan built without data.
-    unigram_floor: float | None = None
 
 
 def _beside(profile: Path, name: str, default_dir: Path) -> Path:
@@ -197,7 +167,7 @@ def make_plan(args: argparse.Namespace) -> StudyPlan:
     datasets or MLflow are even imported, so a typo fails in a second; the data is prepared last."""
     from search import controllers
     from search.objectives import OBJECTIVES
-    from search.spec import Probe, TrialSpec
+    from search.spec import Probe, StudyPlan, TrialSpec
     from space import load_space
     from trainer.budget import Budget
     from trainer.config import TrainConfig, load_run_config

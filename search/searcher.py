@@ -76,7 +76,7 @@ class CramnasSearcher(Searcher):
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         proposal = controllers.ask(self.study, self.space)
         lineage = {"generation": proposal.generation, "parent_trial": proposal.parent_trial,
-                   "mutation": proposal.mutation, "repeat_of": proposal.repeat_of}
+                   "mutation": proposal.mutation, "repeat_of": proposal.repeat_of, "rerun_of": proposal.rerun_of}
         trial = self.live[trial_id] = LiveTrial(proposal.number, None, proposal)
         tags = {**self.tags, **{k: v for k, v in lineage.items() if v is not None}}
 

@@ -1,4 +1,6 @@
-"""`TrialSpec`: everything one trial needs, typed, and the plain dict it travels as through Ray.
+"""`TrialSpec`: everything one trial needs, typed, and the plain dict it travels as through Ray;
+`StudyPlan`: everything a study needs, checked (built by `search.run`, run by `search.study`,
+shown by `search.view`).
 
 `search.run` builds the study's template (no architecture yet), `search.searcher` makes each
 trial's spec with `for_trial`, Ray hands `to_dict()` to the worker and `search.trial` reads it back
@@ -13,11 +15,17 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from space.arch import ArchConfig
 from trainer.budget import Budget
 from trainer.config import TrainConfig
+
+if TYPE_CHECKING:  # StudyPlan's field types only: this module stays importable without Optuna
+    import optuna
+
+    from search.objectives import Objective
+    from space.search_space import SearchSpace
 
 
 @dataclass(frozen=True)
@@ -86,3 +94,29 @@ class TrialSpec:
                    checkpoint_dir=data["checkpoint_dir"],
                    arch=ArchConfig.from_dict(dict(data["arch"])) if data["arch"] is not None else None,
                    trial_number=data["trial_number"], repeat_of=data["repeat_of"], recorded=dict(data["recorded"]))
+
+
+@dataclass
+class StudyPlan:
+    """Everything a study needs, checked: built before Ray starts."""
+
+    study: str
+    optuna_study: optuna.Study
+    resume: bool
+    trials: int
+    controller: str
+    objective: Objective
+    space: SearchSpace
+    space_path: Path
+    budget: Budget
+    template: TrialSpec  # what every trial gets, before its own arch (`TrialSpec.for_trial`)
+    resources: dict[str, float]
+    max_concurrent: int | None  # --max-concurrent; None: as many as the resources allow (search.study)
+    early_stop: dict[str, Any] | None
+    tracking_uri: str
+    storage: str
+    address: str | None
+    seed: int
+    # The prepared data's validation loss of predicting from token frequencies alone (trainer/unigram.py):
+    # what every trial's loss is read against. None only for a plan built without data.
+    unigram_floor: float | None = None

@@ -21,8 +21,8 @@ import optuna
 
 from search import controllers
 from search.retry import Retry, TrackingUnavailable
-from search.run import StudyPlan
 from search.searcher import CramnasSearcher
+from search.spec import StudyPlan
 from search.states import COMPLETE, FAILED, PRUNED, state_of_trial
 from search.tracking import StudyTracker
 from search.trial import ASHA_METRIC
@@ -43,7 +43,8 @@ def reconcile(study: optuna.Study, tracker: StudyTracker, train: dict) -> dict[s
     finished trial without an MLflow run (the driver died before recording it, or MLflow was down
     until the end) gets one, from the study's record (its final metrics, not its progress curve);
     and any MLflow run whose trial the study had already finished is closed with the study's
-    verdict. Nothing is re-run or counted twice: the study is the source of truth for counts."""
+    verdict. Nothing is counted twice: the study is the source of truth for counts. (The
+    architectures the dead driver left in flight are re-run by `controllers.rerun_cut_short`.)"""
     stale = controllers.fail_stale_running(study)
     recorded = {int(number) for number in tracker.trial_table()["trial"]}
     rebuilt = 0
@@ -53,8 +54,8 @@ def reconcile(study: optuna.Study, tracker: StudyTracker, train: dict) -> dict[s
             continue
         arch = trial.user_attrs.get("arch", {})
         tags = {"controller": study.user_attrs.get("controller"),
-                **{key: trial.user_attrs[key] for key in ("generation", "parent_trial", "mutation", "repeat_of")
-                   if trial.user_attrs.get(key) is not None}}
+                **{key: trial.user_attrs[key] for key in ("generation", "parent_trial", "mutation", "repeat_of",
+                                                          "rerun_of") if trial.user_attrs.get(key) is not None}}
         # "unknown": the driver died before even recording what it had drawn.
         fingerprint = trial.user_attrs.get("fingerprint", "unknown")
         tracker.open_trial_run(trial.number, arch, train, fingerprint, tags)  # RUNNING: closed with the verdict below
@@ -134,8 +135,13 @@ def run_study(plan: StudyPlan) -> int:
                   f"{fixed['rebuilt_runs']} missing MLflow runs written from the study; "
                   f"{fixed['closed_runs']} MLflow runs closed to match the study")
     counts = controllers.study_counts(study)
-    done = sum(counts[state] for state in (COMPLETE, PRUNED, FAILED))
+    done = sum(counts[state] for state in (COMPLETE, PRUNED, FAILED))  # trials cut short count apart
     remaining = plan.trials - done
+    if plan.resume:  # the architectures a dead driver left in flight are trained first
+        rerun = controllers.rerun_cut_short(study, remaining)
+        if rerun:
+            print(f"resuming: {len(rerun)} trials the driver left running are re-run with the same "
+                  f"architectures (trials {', '.join(map(str, rerun))}, failed \"{controllers.DRIVER_DIED}\")")
     print(f"study {plan.study}: {done} of {plan.trials} trials done, {remaining} to run "
           f"(controller {plan.controller}, objective {plan.objective.name}, budget {plan.budget.text}"
           f", unigram floor {floor_text(plan.unigram_floor)}); "

@@ -8,7 +8,8 @@ Layout:
 - one *trial run* per trial number, nested under the study run (`mlflow.parentRunId`), named
   `t0007-<fingerprint>`, tagged `cramnas.kind=trial`, `cramnas.trial=7` and `cramnas.state`
   (`search.states`). Params `arch.<field>`, `train.<field>` and `budget`; lineage tags
-  `cramnas.parent_trial` / `cramnas.parent_run_id`; metrics `train_loss`, `tokens_per_s`, ... over
+  `cramnas.parent_trial` / `cramnas.parent_run_id`, and for a re-run of a trial the driver's death
+  cut short `cramnas.rerun_of` / `cramnas.rerun_of_run_id`; metrics `train_loss`, `tokens_per_s`, ... over
   tokens seen, final `validation_loss`, `glue.<task>.<metric>`, `probe_average`; artifacts
   `arch.yaml` and `result.json`;
 - one *confirmation run* per (trial, seed, budget) that `search.confirm` re-trains, nested and
@@ -238,18 +239,18 @@ class StudyTracker:
 
         `tags` uses short keys: controller and budget (the study's when absent), generation,
         parent_trial (its run id is looked up and set as `cramnas.parent_run_id`), mutation,
-        repeat_of.
+        repeat_of, rerun_of (the same: `cramnas.rerun_of_run_id`).
         """
         study = self.study_run()
         tags = dict(tags or {})
         tags.setdefault("controller", study.data.tags.get(TAG + "controller"))
         if budget is None:
             budget = study.data.params.get("budget")
-        parent_trial = tags.get("parent_trial")
-        if parent_trial is not None:
-            parent = self.find_trial_run(int(parent_trial))
-            # An unknown parent (say, a seed imported from another study) keeps only its number.
-            tags["parent_run_id"] = parent.info.run_id if parent else None
+        for key, run_key in (("parent_trial", "parent_run_id"), ("rerun_of", "rerun_of_run_id")):
+            if tags.get(key) is not None:
+                linked = self.find_trial_run(int(tags[key]))
+                # An unknown parent (say, a seed imported from another study) keeps only its number.
+                tags[run_key] = linked.info.run_id if linked else None
         run_tags = {**_tags(tags), TAG + "kind": "trial", self.trial_tag: str(int(trial_number)),
                     TAG + "fingerprint": fingerprint, "mlflow.parentRunId": study.info.run_id}
         return self._open_run(f"the run of trial {trial_number}", lambda: self.find_trial_run(trial_number),

@@ -15,8 +15,8 @@ from rich.live import Live
 from rich.table import Table
 
 from search.export import ranked_trials
-from search.run import StudyPlan
 from search.searcher import TrialOutcome
+from search.spec import StudyPlan
 from search.states import COMPLETE, FAILED, PRUNED, REPEAT
 from search.tracking import StudyTracker
 from space.arch import ArchConfig

@@ -17,6 +17,7 @@ from search.controllers import (
     fail_stale_running,
     make_sampler,
     open_study,
+    rerun_cut_short,
     study_counts,
     tell,
 )
@@ -207,7 +208,7 @@ def test_resume_continues_exactly(space, tmp_path):
     reference += run(straight, space, 14)
     assert [p.config for p in before + after] == [p.config for p in reference]
     assert study_counts(resumed) == study_counts(straight) == {
-        "complete": 24, "pruned": 0, "failed": 1, "running": 0, "infeasible": 0}
+        "complete": 24, "pruned": 0, "failed": 0, "running": 0, "infeasible": 0, "cut_short": 1}
     assert all(p.parent_trial is not None for p in after[-4:])
 
 
@@ -275,7 +276,49 @@ def test_study_counts_and_stale_trials(space):
     infeasible.set_user_attr("infeasible", "params_millions <= 8")
     study.tell(infeasible, state=TrialState.PRUNED)
     stale = [ask(study, space).number, ask(study, space).number]
-    assert study_counts(study) == {"complete": 2, "pruned": 1, "failed": 1, "running": 2, "infeasible": 1}
+    assert study_counts(study) == {"complete": 2, "pruned": 1, "failed": 1, "running": 2, "infeasible": 1,
+                                   "cut_short": 0}
     assert fail_stale_running(study) == stale
     assert study.trials[stale[0]].user_attrs["failure_reason"] == "driver died"
-    assert study_counts(study) == {"complete": 2, "pruned": 1, "failed": 3, "running": 0, "infeasible": 1}
+    # Cut short by the driver's death: no result of the study's, so they count apart (their re-runs count).
+    assert study_counts(study) == {"complete": 2, "pruned": 1, "failed": 1, "running": 0, "infeasible": 1,
+                                   "cut_short": 2}
+
+
+@pytest.mark.parametrize("controller", ["tpe", "evolution"])
+def test_trials_cut_short_are_re_run_once_with_their_architectures(controller, space, tmp_path):
+    """A dead driver's running trials: each comes back first as a new trial with the same
+    architecture (and evolution's lineage), linked by `rerun_of`; a trial failed by its own fault,
+    one whose architecture was never drawn, and one already re-run are not re-run; at most `limit`."""
+    from search.controllers import POPULATION_SIZE
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = open_study("s", url, controller, "mlm", space, seed=3)
+    run(study, space, POPULATION_SIZE + 2 if controller == "evolution" else 3)  # evolution: breeding
+    tell(study, ask(study, space).number, state="failed", reason="nan loss")
+    in_flight = [ask(study, space) for _ in range(3)]
+    undrawn = study.ask().number  # the driver died inside `ask`, before the architecture was recorded
+    del study
+
+    resumed = open_study("s", url, controller, "mlm", space, seed=3, resume=True)
+    assert fail_stale_running(resumed) == [*(p.number for p in in_flight), undrawn]
+    assert rerun_cut_short(resumed, limit=2) == [p.number for p in in_flight[:2]]
+    reruns = [ask(resumed, space) for _ in range(2)]
+    fresh = ask(resumed, space)  # the queue is empty: a new draw
+    for original, rerun in zip(in_flight, reruns):
+        assert (rerun.rerun_of, rerun.config, rerun.fingerprint) == (original.number, original.config, original.fingerprint)
+        assert resumed.trials[rerun.number].params == resumed.trials[original.number].params
+        assert (rerun.generation, rerun.parent_trial, rerun.mutation) == \
+            (original.generation, original.parent_trial, original.mutation)
+    if controller == "evolution":
+        assert all(p.parent_trial is not None for p in in_flight)  # the lineage checked above is a real one
+    assert fresh.rerun_of is None
+    for proposal in (*reruns, fresh):
+        tell(resumed, proposal.number, [score(proposal.config)])
+
+    # Another resume: the two re-runs are done, only the third trial cut short is still owed.
+    again = open_study("s", url, controller, "mlm", space, seed=3, resume=True)
+    assert fail_stale_running(again) == []
+    assert rerun_cut_short(again, limit=5) == [in_flight[2].number]
+    assert rerun_cut_short(again, limit=5) == []  # queued already: a trial of the study
+    assert ask(again, space).config == in_flight[2].config

@@ -332,19 +332,27 @@ def test_search_export_registers_the_winners_export_with_its_lineage(tokenizer_p
 
 
 @pytest.mark.slow
-def test_a_cram_is_recorded_in_mlflow_with_its_export(tokenizer_path, tmp_path):
+def test_a_cram_is_recorded_in_mlflow_with_its_export_once(tokenizer_path, tmp_path, capsys):
+    """`python -m search.record RUN_DIR`: one run in the experiment `cram`, with the export; recording
+    the directory again (a retry after a failure, or by mistake) returns the same run, adding nothing."""
     import mlflow
     from mlflow import MlflowClient
 
-    from trainer.mlflow_record import check_tracking_store, record_cram
+    from search.record import main as record_main
 
-    uri = check_tracking_store(f"sqlite:///{tmp_path}/mlflow.db")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
     result = {"validation_loss": 5.25, "tokens": 4096, "device": "cpu", "data_fingerprint": "data-4567",
               "loss_curve": [[1024, 6.5], [2048, 6.0]]}
     run = write_run(tmp_path, tokenizer_path, result, position="learned", ffn_kind="swiglu")
-    run_id = record_cram(uri, run)
+    outputs = []
+    for _ in range(2):
+        assert record_main([str(run), "--tracking-uri", uri]) == 0
+        outputs.append(capsys.readouterr().out)
+    run_id = outputs[0].split()[2]
+    assert outputs[1] == outputs[0] and outputs[0].startswith(f"MLflow run {run_id} in {uri} (experiment cram)")
     client = MlflowClient(uri)
-    recorded = client.get_run(run_id)
+    (recorded,) = client.search_runs([client.get_experiment_by_name("cram").experiment_id])
+    assert recorded.info.run_id == run_id
     assert recorded.info.status == "FINISHED" and recorded.info.run_name == run.name
     assert recorded.data.params["arch.position"] == "learned" and recorded.data.params["train.seed"]
     assert recorded.data.metrics["validation_loss"] == 5.25 and recorded.data.tags["cramnas.data_fingerprint"] == "data-4567"
@@ -353,6 +361,55 @@ def test_a_cram_is_recorded_in_mlflow_with_its_export(tokenizer_path, tmp_path):
                                                 dst_path=str(tmp_path / "download"))
     assert (tmp_path / "mlruns").is_dir()  # beside the database, as a study's artifacts are
     assert_export_matches("recorded cram", local, run, tokenizer_path)
+
+
+@pytest.mark.slow
+def test_recording_again_completes_a_run_cut_short_without_duplicates(tokenizer_path, tmp_path, monkeypatch):
+    """The store fails part way (after the metrics, before the export): one line, exit 1; the next
+    attempt finishes the same run, and its metrics are not logged twice."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from search import record
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run = write_run(tmp_path, tokenizer_path, {"validation_loss": 5.25, "loss_curve": [[1024, 6.5]]})
+
+    def store_gone(client, run_id, checkpoint):
+        raise MlflowException("database is locked")
+
+    with monkeypatch.context() as patched:
+        patched.setattr("trainer.export_hf.log_to_mlflow", store_gone)
+        with pytest.raises(record.RecordError, match="record it again once the store is back"):
+            record.record_cram(uri, run)
+    client = MlflowClient(uri)
+    (cut,) = client.search_runs([client.get_experiment_by_name("cram").experiment_id])
+    assert cut.info.status == "RUNNING"
+    assert record.record_cram(uri, run) == cut.info.run_id
+    assert client.get_run(cut.info.run_id).info.status == "FINISHED"
+    assert [m.value for m in client.get_metric_history(cut.info.run_id, "validation_loss")] == [5.25]
+    assert [m.value for m in client.get_metric_history(cut.info.run_id, "train_loss")] == [6.5]
+    assert client.list_artifacts(cut.info.run_id, "hf_model")
+
+
+@pytest.mark.parametrize("case,code,expected", [
+    ("unfinished", 2, "has no arch.yaml, train.yaml, result.json: not a finished trainer.cram run"),
+    ("bad store", 2, "error: MLflow store sqlite:////proc/none/mlflow.db: cannot create /proc/none"),
+])
+def test_record_fails_in_one_line_before_writing_anything(case, code, expected, tmp_path, capsys):
+    from search.record import main as record_main
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    if case == "bad store":
+        for name in ("arch.yaml", "train.yaml", "result.json"):
+            (run_dir / name).write_text("{}")
+        uri = "sqlite:////proc/none/mlflow.db"
+    assert record_main([str(run_dir), "--tracking-uri", uri]) == code
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and expected in captured.err
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 @pytest.mark.slow
@@ -396,14 +453,3 @@ def test_the_study_driver_logs_each_saved_checkpoints_export(tokenizer_path, tmp
     assert not mlflow.MlflowClient(uri).list_artifacts(broken.info.run_id, "hf_model")
     assert f"warning: trial 1 stays complete, but its checkpoint {tmp_path / 'gone'} has no Hugging Face export" \
         in capsys.readouterr().out
-
-
-@pytest.mark.subprocess
-@pytest.mark.slow
-def test_cram_checks_its_tracking_store_before_training(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "trainer.cram", "--config", str(ROOT / "trainer/configs/crammed-bert-cpu.yaml"),
-                           "--budget", "1s", "--out", str(tmp_path / "run"), "--tracking-uri", "sqlite:////proc/none/mlflow.db"],
-                          cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.startswith("error: MLflow store sqlite:////proc/none/mlflow.db: cannot create /proc/none")
-    assert done.stderr.count("\n") == 1 and not (tmp_path / "run").exists()

@@ -9,6 +9,7 @@ tests/reliability/'s.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from search.run import main
@@ -155,9 +157,22 @@ def test_study_joins_an_existing_ray_cluster(args, tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         code = main(args("cluster", "--trials", "2", "--controller", "random",
-                         "--objective", "mlm", "--no-probe", "--address", f"127.0.0.1:{port}"))
+                         "--objective", "mlm", "--no-probe", "--no-early-stop",  # a final result (its node) each
+                         "--address", f"127.0.0.1:{port}"))
         assert code == 0
-        check_stores_agree(tmp_path, "cluster", 2)
+        _, runs = check_stores_agree(tmp_path, "cluster", 2)
+        import ray
+
+        ray.init(address=f"127.0.0.1:{port}", log_to_driver=False)  # the cluster's own nodes, asked of its head
+        try:
+            cluster_nodes = {node["NodeID"] for node in ray.nodes()}
+        finally:
+            ray.shutdown()
     finally:
         head.terminate()
         head.wait(timeout=30)
+    # The trials ran on the cluster, not on a Ray the driver started itself (whose node would be new).
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    nodes = [json.loads(Path(client.download_artifacts(run["run_id"], "result.json", str(tmp_path / run["run_id"])))
+                        .read_text())["data"]["node"] for run in runs]
+    assert len(nodes) == 2 and set(nodes) <= cluster_nodes, (nodes, cluster_nodes)

@@ -117,6 +117,11 @@ def test_lineage_tag_resolves_to_the_parent_trials_run(tracker):
     assert tags["cramnas.parent_trial"] == "0" and tags["cramnas.mutation"] == "layers+1"
     orphan = tracker.open_trial_run(2, ARCH, TRAIN, FINGERPRINT, {"parent_trial": 99})
     assert "cramnas.parent_run_id" not in MlflowClient(tracker.uri).get_run(orphan).data.tags
+    # A re-run of a trial the driver's death cut short links to that trial's run the same way.
+    rerun = tracker.open_trial_run(3, ARCH, TRAIN, FINGERPRINT, {"rerun_of": 2})
+    tags = MlflowClient(tracker.uri).get_run(rerun).data.tags
+    assert (tags["cramnas.rerun_of"], tags["cramnas.rerun_of_run_id"]) == ("2", orphan)
+    assert "cramnas.parent_run_id" not in tags
 
 
 def test_progress_and_finish_log_metrics_artifacts_and_status(tracker, tmp_path):

@@ -169,8 +169,6 @@ def main(argv: list[str] | None = None) -> int:
                         "latest intact checkpoint, with its own config, budget and data")
     parser.add_argument("--checkpoint-every", help="resumable checkpoint cadence in training time or tokens (30m, "
                         "2e8tokens) or off; one is also written at the end and on Ctrl-C/SIGTERM (default: 30m)")
-    parser.add_argument("--tracking-uri", help="also record the run, and its Hugging Face export, in this MLflow "
-                        "store (e.g. sqlite:///mlflow.db)")
     parser.add_argument("--validate-every", help="validation MLM loss cadence, kept in result.json's "
                         "validation_curve (30m, 2e8tokens) or off (default: 30m)")
     args = parser.parse_args(argv)
@@ -184,11 +182,6 @@ def main(argv: list[str] | None = None) -> int:
 
     created: list[Path] = []  # directories the --out check makes: removed again if later input is bad
     try:  # every user error is caught here, before any data is tokenised or any step is taken
-        tracking_uri = None  # trainer/mlflow_record.py: the store is checked now, the run recorded after the cram
-        if args.tracking_uri:
-            from trainer.mlflow_record import check_tracking_store
-
-            tracking_uri = check_tracking_store(args.tracking_uri)
         resume_from = resume.latest_checkpoint(args.resume, warn) if args.resume else None
         saved = resume_from.run if resume_from is not None else {"source": {}}
         # A resumed run keeps its cadences unless told otherwise.
@@ -255,17 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"validation MLM loss {result.validation_loss:.4f} after {result.tokens:,} tokens, {result.steps} steps, "
           f"{result.seconds:.1f} s ({result.tokens_per_s:,.0f} tokens/s)")
     print(describe_loss(result.validation_loss, result.unigram_floor, result.corruption_floor, result.context_reference))
-    print(f"checkpoint: {out}")
-    if tracking_uri:
-        from trainer.mlflow_record import RecordError, record_cram
-
-        try:
-            run_id = record_cram(tracking_uri, out)
-        except RecordError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 1
-        print(f"MLflow run {run_id} in {tracking_uri} (experiment cram), with its Hugging Face export as the "
-              "artifact hf_model/")
+    # MLflow is the search layer's (search/record.py): the trainer only writes the run directory.
+    print(f"checkpoint: {out}; record it in MLflow with: python -m search.record {out}")
     return 0
 
 
