@@ -85,6 +85,7 @@ def _record(uri: str, checkpoint: Path) -> str:
         "cramnas.kind": "cram", "cramnas.checkpoint": str(checkpoint),
         "cramnas.fingerprint": str(result.get("arch_fingerprint", "")),
         "cramnas.data_fingerprint": str(result.get("data_fingerprint", "")),
+        **({"cramnas.regime": result["regime"]} if "regime" in result else {}),  # trainer/regimes.py
     }).info.run_id
     # When the cram ended, not now: a second attempt logs identical points, which MLflow keeps once.
     stamp = int((checkpoint / "result.json").stat().st_mtime * 1000)
@@ -92,6 +93,7 @@ def _record(uri: str, checkpoint: Path) -> str:
               for key, value in values.items()]
     numbers = {key: float(value) for key, value in result.items()
                if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    numbers.update({f"validation_loss.{kind}": float(loss) for kind, loss in result.get("validation_loss_by_kind", {}).items()})
     metrics = [Metric(key, value, stamp, 0) for key, value in numbers.items()]
     metrics += [Metric("train_loss", float(loss), stamp, int(tokens)) for tokens, loss in result.get("loss_curve", [])]
     client.log_batch(run_id, metrics=metrics, params=params)
