@@ -10,6 +10,7 @@ validation from `trainer.resume`; on CUDA out-of-memory the micro-batch halves (
 from __future__ import annotations
 
 import gc
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,12 @@ class Progress:
     tokens_per_s: float
     seconds: float
     lr: float
+
+
+def max_progress_reports(report_every: float) -> int:
+    """The most progress reports a run makes: one per multiple of `report_every` below 1, none at
+    the end of the budget (`Trainer.run`); fewer when a step crosses more than one."""
+    return math.ceil(1 / report_every - 1e-9) - 1  # 1e-9: 1 / (1/16) is 16, not a hair above it
 
 
 def mlm_backward(step_fn: Callable, rows: torch.Tensor, data: PretrainData, mlm_rate: float, device: torch.device,
