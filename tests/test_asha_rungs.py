@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 from ray.tune.schedulers import TrialScheduler
 
-from space.arch import ArchConfig
 from search.study import early_stopping
+from space.arch import ArchConfig
 from tests.helpers import SLICE_SEQ, SLICE_VOCAB
 from trainer.budget import Budget
 from trainer.config import TrainConfig
