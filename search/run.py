@@ -120,12 +120,15 @@ def check_local_resources(resources: dict[str, float]) -> None:
                              "cluster with --address")
 
 
-def repeat_warning_for_study(budget: Budget, space: SearchSpace, train: TrainConfig, data: PretrainData) -> str | None:
+def repeat_warning_for_study(budget: Budget, space: SearchSpace, train: TrainConfig, data: PretrainData,
+                             trial_gpus: float = 0) -> str | None:
     """One line when a trial's budget would read the prepared corpus more than once (every trial
     reads it in the same order from the start), judged on the cheapest of 64 random draws of the
     space: a FLOP budget gives it the most tokens, and it is the fastest. A wall-clock budget times
-    that architecture here, on the driver's device (a few passes, seconds): on a cluster whose
-    trials run on faster devices than the driver's, the warning can come too late or not at all."""
+    that architecture here (a few passes, seconds) on the kind of device the trials get
+    (`trial_gpus`): on the CPU for CPU trials, so that the driver leaves no CUDA context on GPU 0
+    beside them. On a cluster whose trials run on faster devices than the driver's, the warning
+    can come too late or not at all."""
     import random
 
     from trainer.epochs import corpus_tokens, repeat_warning
@@ -136,11 +139,13 @@ def repeat_warning_for_study(budget: Budget, space: SearchSpace, train: TrainCon
     flops = cheapest.flops_per_token(data.seq_len, train.mlm_rate)
     speed = None
     if budget.kind == "seconds":
+        import torch
+
         from trainer.device import pick_device
         from trainer.epochs import measure_speed
         from trainer.model import CrammedBert
 
-        device = pick_device()
+        device = pick_device() if trial_gpus > 0 else torch.device("cpu")
         speed = measure_speed(CrammedBert(cheapest).to(device), data, train.mlm_rate, train.micro_batch, device)
     warning = repeat_warning(budget, corpus_tokens(data), flops, speed)
     return None if warning is None else f"{warning} (per trial)"
@@ -236,7 +241,7 @@ def make_plan(args: argparse.Namespace) -> StudyPlan:
                         seq_len=fixed.get("max_seq_len", 128), cache_dir=args.cache_dir,
                         max_tokens=tokens_to_prepare(source, budget))
 
-    warning = repeat_warning_for_study(budget, space, train, data)
+    warning = repeat_warning_for_study(budget, space, train, data, resources["gpu"])
     if warning is not None:
         print(warning, file=sys.stderr)
 

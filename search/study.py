@@ -104,10 +104,27 @@ def concurrency(resources: dict[str, float], have: dict[str, float], max_concurr
     return max_concurrent
 
 
+def early_stopping(early_stop: dict, report_every: float):
+    """ASHA over a trial's progress reports (`training_iteration` counts them): rungs at
+    `grace_reports` x `reduction_factor`^k reports, all among the progress reports, which come only
+    while budget is left (`trainer.loop.Trainer.run`), so a trial is stopped before its budget is
+    spent or not at all. `max_t` lies half-way between the last progress report and the final one:
+    ASHA stops whatever reaches `max_t`, so no progress report may, and its rungs are the
+    milestones up to `max_t`; the final report (validation, probe) has no train loss, so ASHA
+    leaves it alone."""
+    from ray.tune.schedulers import ASHAScheduler
+
+    from trainer.loop import max_progress_reports
+
+    return ASHAScheduler(time_attr="training_iteration", metric=ASHA_METRIC, mode="min",
+                         max_t=max_progress_reports(report_every) + 0.5, grace_period=early_stop["grace_reports"],
+                         reduction_factor=early_stop["reduction_factor"])
+
+
 def run_study(plan: StudyPlan) -> int:
     import ray
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.schedulers import FIFOScheduler
 
     from search.trial import ShippedData, run_trial
     from trainer.data import entry_files
@@ -163,9 +180,7 @@ def run_study(plan: StudyPlan) -> int:
                                    {"controller": plan.controller}, on_outcome=view.record)
         scheduler = FIFOScheduler()
         if plan.early_stop:
-            scheduler = ASHAScheduler(time_attr="training_iteration", metric=ASHA_METRIC, mode="min",
-                                      max_t=17, grace_period=plan.early_stop["grace_reports"],
-                                      reduction_factor=plan.early_stop["reduction_factor"])
+            scheduler = early_stopping(plan.early_stop, plan.template.train.report_every)
         tuner = tune.Tuner(
             tune.with_resources(tune.with_parameters(run_trial, shipped=shipped), plan.resources),
             tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=remaining,

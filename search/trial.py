@@ -6,8 +6,10 @@ record. A trial never raises: an exception becomes a final report with `failed` 
 so one bad architecture costs one trial, not the study.
 
 Reports, in order:
-- `budget_fraction`, `train_loss`, `tokens`, `tokens_per_s` every 1/16 of the budget: the rungs on
-  which ASHA compares trials by their train loss (`ASHA_METRIC`; `training_iteration` counts them);
+- `budget_fraction`, `train_loss`, `tokens`, `tokens_per_s` at each 1/16 of the budget before its
+  end (15 at most): the rungs on which ASHA compares trials by their train loss (`ASHA_METRIC`;
+  `training_iteration` counts them; `search.study.early_stopping`). None comes at the end of the
+  budget, so a trial ASHA stops has budget left, and one that spends it is validated and probed;
 - one final report with `final=True`: `validation_loss` and its parts by corruption kind
   (`validation_loss.mask`, `.random`, `.unchanged`), the references it is read against
   (`unigram_floor`, `corruption_floor`, `context_reference`; trainer/references.py) with
@@ -29,6 +31,7 @@ import errno
 import gc
 import os
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -98,7 +101,22 @@ def run_trial(config: dict[str, Any], shipped: ShippedData | None = None) -> Non
         tune.report({"final": True, "failed": True, "failure_reason": reason[:2000],
                      "traceback": traceback.format_exc()[-4000:], "seconds": time.perf_counter() - started})
         return
+    finally:  # also when ASHA stops the trial, by raising SystemExit inside one of its reports
+        hand_back_memory()
     tune.report(final)
+
+
+def hand_back_memory() -> None:
+    """Free the trial's model and cached GPU memory before this reused worker takes its next trial,
+    or before another trial's share of the GPU (fractional GPUs) needs it. An exception on its way
+    out (ASHA's stop) holds the trial's frames in its traceback, and with them the model: their
+    variables are cleared first. A CPU trial does not initialise CUDA to empty a cache it never had."""
+    stopping = sys.exception()
+    if stopping is not None:
+        traceback.clear_frames(stopping.__traceback__)
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 # The faults `CRAMNAS_INJECT_FAULT` can inject, each into the trials it names.
@@ -207,10 +225,8 @@ def _train_and_report(spec: TrialSpec, shipped: ShippedData | None) -> dict[str,
     final = {**trial_metrics(cram_dict, probe_result), "final": True,
              "result": {"cram": cram_dict, "probe": probe_result, "gpu_ids": gpu_ids,
                         "data": {"source": data_source, "node": ray.get_runtime_context().get_node_id()}}}
-    if device.type == "cuda":  # the model is gone with cram_and_probe's frame: give its memory back
+    if device.type == "cuda":
         final["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
-        gc.collect()
-        torch.cuda.empty_cache()  # the next trial in this reused worker starts with the GPU empty
     if save_to is not None:
         final["checkpoint_path"] = str(save_to)
     return final

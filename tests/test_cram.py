@@ -62,10 +62,10 @@ def test_batch_ramp_reaches_target_at_ramp_fraction():
 
 @pytest.mark.slow
 def test_token_budget_is_exact_and_runs_are_reproducible(wiki_slice):
-    tokens = 37 * SLICE_SEQ  # not a multiple of the micro-batch: the last one is cut short
+    tokens = 37 * SLICE_SEQ  # not a multiple of the micro-batch: the last one, which does not fit whole, is dropped
     first = cram(ARCH, TRAIN, wiki_slice, Budget.parse(f"{tokens}tokens"))
     second = cram(ARCH, TRAIN, wiki_slice, Budget.parse(f"{tokens}tokens"))
-    assert first.tokens == tokens and first.micro_steps == 5
+    assert first.tokens == 32 * SLICE_SEQ and first.micro_steps == 4
     assert first.unigram_floor == wiki_slice.unigram_floor > 0
     assert first.nats_below_unigram == pytest.approx(first.unigram_floor - first.validation_loss)
     assert first.corruption_floor == wiki_slice.corruption_floor
@@ -82,7 +82,7 @@ def test_token_budget_is_exact_and_runs_are_reproducible(wiki_slice):
 def test_flop_budget_stops_at_its_token_equivalent(wiki_slice):
     per_token = ARCH.flops_per_token(SLICE_SEQ, TRAIN.mlm_rate)
     result = cram(ARCH, TRAIN, wiki_slice, Budget("flops", 20 * SLICE_SEQ * per_token, "test"))
-    assert result.tokens == 20 * SLICE_SEQ
+    assert result.tokens == 16 * SLICE_SEQ  # whole micro-batches of 8: the one that would not fit is dropped
 
 
 def test_time_budget_ends_within_half_a_micro_step(wiki_slice, monkeypatch):
@@ -101,11 +101,11 @@ def test_progress_reports_at_budget_fractions(wiki_slice):
     cram(ARCH, TrainConfig(batch_size=16, micro_batch=8, report_every=0.25), wiki_slice,
          Budget.parse(f"{64 * SLICE_SEQ}tokens"), on_progress=reports.append)
     fractions = [r.fraction for r in reports]
-    assert len(reports) == 4 and fractions[-1] == 1.0
+    assert len(reports) == 3 and fractions[-1] < 1.0  # none at the end: the caller's final report is
     assert fractions == sorted(fractions)
     assert all(math.isfinite(r.train_loss) and r.tokens_per_s > 0 for r in reports)
-    lrs = [r.lr for r in reports]  # the one-cycle triangle: rising to 75% of the budget, then falling
-    assert lrs[0] < lrs[1] < lrs[2] <= TrainConfig().lr and lrs[3] < lrs[2]
+    lrs = [r.lr for r in reports]  # the one-cycle triangle: rising to 75% of the budget
+    assert lrs[0] < lrs[1] < lrs[2] <= TrainConfig().lr
 
 
 @pytest.mark.slow

@@ -244,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             bar.close()
             print(f"error: {error}", file=sys.stderr)
             return 1
+    bar.n = 100  # the end of the budget is no progress report (trainer.loop): the bar stopped short of it
     bar.close()
     print(f"validation MLM loss {result.validation_loss:.4f} after {result.tokens:,} tokens, {result.steps} steps, "
           f"{result.seconds:.1f} s ({result.tokens_per_s:,.0f} tokens/s)")

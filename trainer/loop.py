@@ -51,6 +51,12 @@ class Progress:
     lr: float
 
 
+def max_progress_reports(report_every: float) -> int:
+    """The most progress reports a run makes: one per multiple of `report_every` below 1, none at
+    the end of the budget (`Trainer.run`); fewer when a step crosses more than one."""
+    return math.ceil(1 / report_every - 1e-9) - 1  # 1e-9: 1 / (1/16) is 16, not a hair above it
+
+
 def mlm_backward(step_fn: Callable, rows: torch.Tensor, data: PretrainData, mlm_rate: float, device: torch.device,
                  generator: torch.Generator, scale: float = 1.0) -> torch.Tensor:
     """One micro-step's work: send `rows` to `device`, mask them there (`generator` lives on it),
@@ -104,11 +110,32 @@ class Trainer(resume.ResumableState):
         self.rollbacks: list[dict] = []
         self.recent_losses: list[float] = []  # of the last accepted steps: a spike is judged against them
         self.start_from(self.long_run.resume_from)
+        self.create_optimizer_state()
         self.batches = data.batches(train.micro_batch, seed=train.seed, start=self.batches_drawn * train.micro_batch)
         self.guard = RollbackGuard(train, self.model, self.optimizer, self.rollbacks, self.recent_losses)
         self.boundary = self.progress()
         if train.compile:  # last: compiling needs the optimizer and the micro-batch
             self.step_fn = self.compiled()
+
+    def create_optimizer_state(self) -> None:
+        """AdamW's state allocated now, before the budget clock and the compile warm-up: left to the
+        first step, it is allocated inside the budget, and a micro-batch that fit in the warm-up can
+        run out of memory there. A step at learning rate 0 on zero gradients allocates it and changes
+        nothing (the moments stay 0, the weights as they are) but the step counts, set back to 0.
+        A resumed run has loaded its state already."""
+        if self.optimizer.state:
+            return
+        rates = [group["lr"] for group in self.optimizer.param_groups]
+        for param in self.model.parameters():
+            param.grad = torch.zeros_like(param)
+        for group in self.optimizer.param_groups:
+            group["lr"] = 0.0
+        self.optimizer.step()
+        for state in self.optimizer.state.values():
+            state["step"].zero_()
+        for group, rate in zip(self.optimizer.param_groups, rates):
+            group["lr"] = rate
+        self.optimizer.zero_grad(set_to_none=True)
 
     def compiled(self) -> Callable:
         """The model compiled, and compiled now, at the training shapes: before the budget clock
@@ -123,12 +150,17 @@ class Trainer(resume.ResumableState):
         start = self.clock()
 
         def warm_up() -> None:
-            # One forward/backward on a random batch of the micro-batch's shape, its gradients
-            # dropped: weights, optimizer state, the data order and the masking draws are untouched.
+            # One forward/backward and gradient clipping on a random batch of the micro-batch's
+            # shape, its gradients dropped: weights, optimizer state, the data order and the masking
+            # draws are untouched. AdamW's state and the rollback buffer exist already
+            # (`create_optimizer_state`, `RollbackGuard`), so this pass holds a training step's
+            # memory: a micro-batch that does not fit halves here, not at the first step inside the
+            # clock. (The fused optimizer step itself allocates nothing more.)
             rows = torch.randint(0, self.data.vocab_size, (self.micro_batch, self.arch.max_seq_len),
                                  generator=torch.Generator().manual_seed(self.train.seed))
             generator = torch.Generator(self.device).manual_seed(self.train.seed)
             mlm_backward(step_fn, rows, self.data, self.train.mlm_rate, self.device, generator)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.gradient_clip)
 
         self.halving_on_oom(warm_up)  # a micro-batch that does not fit halves here, before the clock
         self.optimizer.zero_grad(set_to_none=True)
@@ -137,28 +169,31 @@ class Trainer(resume.ResumableState):
         self.compile_seconds = self.clock() - start
         return step_fn
 
-    def between_steps(self) -> bool:
-        """Intermediate validation and periodic checkpoints when due; True when either ran."""
+    def between_steps(self) -> None:
+        """Intermediate validation and periodic checkpoints when due."""
         spent = (self.seconds, self.tokens, self.tokens * self.flops_per_token)
         validate, checkpoint = self.validations.due(*spent), self.resumable and self.checkpoints.due(*spent)
         if validate:  # first, so that the checkpoint holds it
             self.validation_curve.append((self.tokens, validation_loss(self.model, self.data, self.device)))
         if checkpoint:
             self.save(self.progress())
-        return validate or checkpoint
 
     def fraction(self, seconds: float) -> float:
         return self.budget.fraction(seconds, self.tokens, self.tokens * self.flops_per_token)
 
-    def next_rows(self) -> torch.Tensor | None:
-        """The next micro-batch of rows, cut short to land exactly on a token/FLOP budget."""
+    def spent(self, fraction: float) -> bool:
+        """Whether the budget is spent: `fraction` reached 1, or a token or FLOP budget has no room
+        for another whole micro-batch. The last micro-batch is dropped rather than cut short: a
+        shorter one is a new shape, which a compiled step recompiles inside the budget, and padding
+        it would spend compute the budget does not count. Such a run ends less than a micro-batch
+        short of its budget, and `tokens` counts what it trained on."""
+        room = self.budget.tokens_left(self.tokens, self.flops_per_token)
+        return fraction >= 1.0 or room < self.train.micro_batch * self.arch.max_seq_len
+
+    def next_rows(self) -> torch.Tensor:
         rows = next(self.batches)
         self.batches_drawn += 1
-        left = self.budget.tokens_left(self.tokens, self.flops_per_token)
-        if math.isinf(left):
-            return rows
-        fit = int(left // self.arch.max_seq_len)
-        return rows[:fit] if fit > 0 else None
+        return rows
 
     def forward_backward(self, rows: torch.Tensor, scale: float) -> torch.Tensor:
         if self.before_forward is not None:
@@ -201,7 +236,7 @@ class Trainer(resume.ResumableState):
         stop = self.long_run.stop
         fraction = self.fraction(self.seconds)
         last = self.clock()
-        while fraction < 1.0:
+        while not self.spent(fraction):
             self.boundary = self.progress()
             accumulate = micro_batches_per_step(fraction, self.train.batch_size, self.train.micro_batch,
                                                 self.train.batch_ramp)
@@ -213,8 +248,6 @@ class Trainer(resume.ResumableState):
                 if stop is not None and stop.is_set():  # no update yet: the weights are the boundary's
                     raise resume.Interrupted(self.save(self.boundary))
                 rows = self.next_rows()
-                if rows is None:
-                    break
                 losses.append(self.micro_step(rows, 1.0 / accumulate))
                 self.tokens += rows.numel()  # budget spent, even if a rollback discards the step
                 self.micro_steps += 1
@@ -225,10 +258,8 @@ class Trainer(resume.ResumableState):
                 # itself past the budget, so the run ends within half a micro-step of it.
                 ahead = 0.5 * micro_seconds if self.budget.kind == "seconds" else 0.0
                 fraction = self.fraction(self.seconds + ahead)
-                if fraction >= 1.0:
+                if self.spent(fraction):
                     break  # the budget ends mid-step: apply what was accumulated
-            if not losses:
-                break
             # The one wait for the device per optimizer step: the guard needs the loss. It also
             # makes the clock below count the device's time, not just the time to queue its work.
             step_losses = torch.stack(losses).float().tolist()
@@ -237,7 +268,9 @@ class Trainer(resume.ResumableState):
             if reason is not None:
                 self.guard.roll_back(self.steps, self.tokens, loss, reason, self.batches_drawn)
                 continue
+            paused = self.clock()
             self.guard.accept(self.steps, loss, self.boundary["batches_drawn"])
+            last += self.clock() - paused  # a rollback snapshot is not training time
             self.pending_losses.extend(step_losses)
             if len(losses) < accumulate:  # rescale the partial accumulation to a mean over those done
                 for p in self.model.parameters():
@@ -247,21 +280,30 @@ class Trainer(resume.ResumableState):
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.steps += 1
-            now = self.clock()
-            self.seconds, last = self.seconds + now - last, now
-            if fraction >= self.next_report or fraction >= 1.0:
+            self.seconds += self.clock() - last
+            # Progress reports come only while budget is left: the end is the caller's final
+            # report, after validation (and a search trial's probe). A search stops a trial inside
+            # a progress report (ASHA), so one at the end would throw a spent budget away.
+            if not self.spent(fraction) and fraction >= self.next_report:
                 self.report(fraction, lr)
-            if self.between_steps():
-                last = self.clock()  # checkpoints and validations are not training time
+            self.between_steps()
+            last = self.clock()  # waiting for the driver, checkpoints and validations are not training time
+        if self.pending_losses:
+            self.record_loss()
         self.save(self.progress())
         return self.seconds, self.tokens / max(self.seconds, 1e-9)
 
-    def report(self, fraction: float, lr: float) -> None:
+    def record_loss(self) -> float:
+        """The mean train loss since the last point of the loss curve, added to it."""
         mean = sum(self.pending_losses) / len(self.pending_losses)
         self.loss_curve.append((self.tokens, mean))
-        if self.on_progress:
-            self.on_progress(Progress(min(fraction, 1.0), self.steps, self.tokens, mean,
-                                      self.tokens / max(self.seconds, 1e-9), self.seconds, lr))
         self.pending_losses = []
+        return mean
+
+    def report(self, fraction: float, lr: float) -> None:
+        mean = self.record_loss()
+        if self.on_progress:
+            self.on_progress(Progress(fraction, self.steps, self.tokens, mean,
+                                      self.tokens / max(self.seconds, 1e-9), self.seconds, lr))
         while self.next_report <= fraction:
             self.next_report += self.train.report_every

@@ -36,13 +36,25 @@ IGNORE_INDEX = -100
 
 
 @functools.lru_cache(maxsize=8)
+def special_token_ids(specials: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The special ids as a tensor on `device`, built once per vocabulary: a tensor made from
+    Python data in every micro-step would be a blocking host-to-device copy each time."""
+    return torch.tensor(specials, device=device)
+
+
+@functools.lru_cache(maxsize=8)
 def ordinary_token_ids(vocab_size: int, specials: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """The ids that are not special, in order, on `device`: built once per vocabulary, not in
     every micro-step, and with a stable sort instead of a boolean index, whose result size the
     host would have to wait for."""
     all_ids = torch.arange(vocab_size, device=device)
-    is_special = torch.isin(all_ids, torch.tensor(specials, device=device)).to(torch.int8)
+    is_special = torch.isin(all_ids, special_token_ids(specials, device)).to(torch.int8)
     return all_ids[torch.argsort(is_special, stable=True)[:vocab_size - len(specials)]]
+
+
+def _specials(special_ids: Mapping[str, int]) -> tuple[int, ...]:
+    """The special ids as the cache key of `special_token_ids` and `ordinary_token_ids`."""
+    return tuple(sorted(set(special_ids.values())))
 
 
 def mask_tokens(
@@ -62,7 +74,7 @@ def mask_tokens(
     positions and IGNORE_INDEX (-100) elsewhere. The input is not modified.
     """
     device = input_ids.device
-    specials = torch.tensor(sorted(set(special_ids.values())), device=device)
+    specials = special_token_ids(_specials(special_ids), device)
     selected = (torch.rand(input_ids.shape, generator=generator, device=device) < rate) & ~torch.isin(
         input_ids, specials
     )
@@ -71,7 +83,7 @@ def mask_tokens(
     action = torch.rand(input_ids.shape, generator=generator, device=device)
     to_mask = selected & (action < MASK_FRACTION)
     to_random = selected & (action >= MASK_FRACTION) & (action < MASK_FRACTION + RANDOM_FRACTION)
-    ordinary_ids = ordinary_token_ids(vocab_size, tuple(sorted(set(special_ids.values()))), device)
+    ordinary_ids = ordinary_token_ids(vocab_size, _specials(special_ids), device)
     random_ids = ordinary_ids[
         torch.randint(len(ordinary_ids), input_ids.shape, generator=generator, device=device)
     ]
@@ -108,7 +120,7 @@ def mask_fixed_count(
     `input_ids`' device: masking runs where the batch is.
     """
     device = input_ids.device
-    specials = torch.tensor(sorted(set(special_ids.values())), device=device)
+    specials = special_token_ids(_specials(special_ids), device)
     count = predictions_per_row(input_ids.shape[1], rate)
     scores = torch.rand(input_ids.shape, generator=generator, device=device)
     scores = scores.masked_fill(torch.isin(input_ids, specials), -1.0)
@@ -118,7 +130,7 @@ def mask_fixed_count(
     labels = torch.where(ordinary, originals, IGNORE_INDEX)
 
     action = torch.rand(positions.shape, generator=generator, device=device)
-    ordinary_ids = ordinary_token_ids(vocab_size, tuple(sorted(set(special_ids.values()))), device)
+    ordinary_ids = ordinary_token_ids(vocab_size, _specials(special_ids), device)
     random_ids = ordinary_ids[torch.randint(len(ordinary_ids), positions.shape, generator=generator, device=device)]
     replaced = torch.where(action < MASK_FRACTION, special_ids["mask"], originals)
     replaced = torch.where((action >= MASK_FRACTION) & (action < MASK_FRACTION + RANDOM_FRACTION), random_ids, replaced)

@@ -126,14 +126,21 @@ def capture_rng(masking: torch.Generator) -> dict:
     """The random states the loop draws from, as they are now: taken at every step, so ~10 us.
     numpy's and python's, which it never draws from (and which take 0.2 ms), are added by
     `save_state`."""
-    return {"torch": torch.get_rng_state(), "masking": masking.get_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    return {"torch": torch.get_rng_state(), "masking": masking.get_state(), "cuda": _cuda_rng_states()}
+
+
+def _cuda_rng_states() -> list[torch.Tensor]:
+    """The CUDA generators' states, when this process uses CUDA. Asking for them initialises CUDA,
+    and `is_available` is true on any GPU host: a CPU run there would create a CUDA context on GPU 0
+    (hundreds of MB, beside the trials Ray placed on it) at its first step. A process that never
+    initialised CUDA never drew from its generators."""
+    return torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
 
 
 def restore_rng(masking: torch.Generator, states: dict) -> None:
     torch.set_rng_state(states["torch"])
     masking.set_state(states["masking"])
-    if states["cuda"] and torch.cuda.is_available():
+    if states["cuda"] and torch.cuda.is_initialized():  # a run on the GPU has moved its model there by now
         torch.cuda.set_rng_state_all(states["cuda"])
     np.random.set_state(states["numpy"])
     random.setstate(states["python"])
