@@ -46,6 +46,7 @@ class TrialOutcome:
     proposal: controllers.Proposal
     run_id: str | None  # None while the run's creation is held (MLflow unreachable)
     reason: str | None = None
+    regime: str | None = None  # the final report's loss regime (plateau, neighbours, beyond-ngrams), if any
 
 
 class CramnasSearcher(Searcher):
@@ -144,7 +145,8 @@ class CramnasSearcher(Searcher):
 
         self.writes.submit(f"finishing the run of trial {trial.number}", finish_run)
         if self.on_outcome:
-            self.on_outcome(TrialOutcome(trial.number, state, metrics, trial.proposal, trial.run_id, reason))
+            self.on_outcome(TrialOutcome(trial.number, state, metrics, trial.proposal, trial.run_id, reason,
+                                         last.get("regime")))
 
 
 # Ray's own bookkeeping in every result, the trial's flags, and the train loss of a progress report

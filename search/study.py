@@ -27,6 +27,7 @@ from search.states import COMPLETE, FAILED, PRUNED, state_of_trial
 from search.tracking import StudyTracker
 from search.trial import ASHA_METRIC
 from search.view import StudyView, floor_text
+from trainer.console import count
 
 # Ray's per-trial files (results, logs) go here unless RunConfig is told otherwise (docs/stack.md).
 RAY_RESULTS = Path(tempfile.gettempdir()) / "cramnas-ray"
@@ -103,6 +104,15 @@ def concurrency(resources: dict[str, float], have: dict[str, float], max_concurr
     return max_concurrent
 
 
+def early_stopping(early_stop: dict | None, trials: int) -> tuple[dict | None, str | None]:
+    """The ASHA settings for a session of `trials` trials, and the line that says early stopping is
+    off when there are too few of them for its rungs (`early_stop["min_trials"]`, search.run)."""
+    if early_stop is None or trials >= early_stop["min_trials"]:
+        return early_stop, None
+    return None, (f"early stopping off: {count(trials, 'trial')} {'is' if trials == 1 else 'are'} too few to stop "
+                  f"any (ASHA from {early_stop['min_trials']})")
+
+
 def run_study(plan: StudyPlan) -> int:
     import ray
     from ray import tune
@@ -156,10 +166,13 @@ def run_study(plan: StudyPlan) -> int:
         searcher = CramnasSearcher(study, plan.space, plan.objective, tracker, plan.template,
                                    {"controller": plan.controller}, on_outcome=view.record)
         scheduler = FIFOScheduler()
-        if plan.early_stop:
+        early_stop, off = early_stopping(plan.early_stop, remaining)
+        if off:
+            print(off)
+        if early_stop:
             scheduler = ASHAScheduler(time_attr="training_iteration", metric=ASHA_METRIC, mode="min",
-                                      max_t=17, grace_period=plan.early_stop["grace_reports"],
-                                      reduction_factor=plan.early_stop["reduction_factor"])
+                                      max_t=17, grace_period=early_stop["grace_reports"],
+                                      reduction_factor=early_stop["reduction_factor"])
         tuner = tune.Tuner(
             tune.with_resources(tune.with_parameters(run_trial, shipped=shipped), plan.resources),
             tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=remaining,

@@ -12,6 +12,7 @@ from space import load_space
 from tests.helpers import CONFIGS, ROOT, slice_config
 from trainer.checkpoint import load_checkpoint
 from trainer.config import ConfigError, load_run_config
+from trainer.console import floor_gap
 from trainer.cram import main
 
 
@@ -41,7 +42,7 @@ def test_cli_crams_and_writes_a_checkpoint_that_reloads(wiki_slice_dir, tmp_path
     assert result["seed"] == 7 and result["tokens"] > 0 and result["budget"] == "3s"
     printed = capsys.readouterr().out
     assert "validation MLM loss" in printed
-    assert f"unigram floor {result['unigram_floor']:.4f}: {result['nats_below_unigram']:+.4f} nats below it" in printed
+    assert f"unigram floor {result['unigram_floor']:.4f}: {floor_gap(result['nats_below_unigram'], 4)} it" in printed
     model, _ = load_checkpoint(out)
     assert model.num_params() == result["params"]
 

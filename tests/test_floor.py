@@ -19,6 +19,7 @@ from search.trial import trial_metrics
 from search.view import StudyView
 from space.arch import ArchConfig
 from tests.dashboard_study import UNIGRAM_FLOOR, scratch_store, write_study
+from trainer.console import floor_gap
 
 
 def test_trial_metrics_carry_the_floor_and_the_nats_below_it():
@@ -48,10 +49,10 @@ def test_the_live_view_and_the_final_table_show_the_floor(study, capsys):
     console.print(view.render())
     live = console.export_text()
     assert f"unigram floor {UNIGRAM_FLOOR:.3f} nats" in live
-    assert f"{best.metrics['nats_below_unigram']:+.3f} nats below the floor" in live
+    assert f"{floor_gap(best.metrics['nats_below_unigram'])} the floor" in live
 
     view.final_table()
     printed = capsys.readouterr().out
-    assert "nats below floor" in printed and f"unigram floor {UNIGRAM_FLOOR:.3f} nats" in printed
+    assert "nats vs floor" in printed and f"unigram floor {UNIGRAM_FLOOR:.3f} nats" in printed
     row = next(line for line in printed.splitlines() if best.run_id in line)
-    assert f"{best.metrics['validation_loss']:.4f}" in row and f"{best.metrics['nats_below_unigram']:+.3f}" in row
+    assert f"{best.metrics['validation_loss']:.4f}" in row and floor_gap(best.metrics["nats_below_unigram"], unit="") in row
