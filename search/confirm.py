@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from search.objectives import DEFAULT_OBJECTIVE, Objective, objective_named
 from search.states import COMPLETE, FAILED
 from space.errors import CramnasError, UsageError
-from trainer.console import CliParser, count, floor_gap, one_line_on_ctrl_c
+from trainer.console import VERBOSE_HELP, CliParser, count, floor_gap, one_line_on_ctrl_c, quiet_libraries
 from trainer.data_flags import add_data_arguments
 
 if TYPE_CHECKING:  # imported for real only once the flags are checked
@@ -141,6 +141,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                "(default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     add_data_arguments(parser, data_help="local data directory, as given to search.run")
     parser.add_argument("--retry-failed", action="store_true", help="re-run confirmations that failed before")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     return parser.parse_args(argv)
 
 
@@ -355,7 +356,7 @@ def print_table(plan: ConfirmPlan, outcomes: list[SeedOutcome]) -> None:
 @one_line_on_ctrl_c
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per small YAML file is noise
+    quiet_libraries(args.verbose)
     # As in search.run: search.retry.Retry retries a tracking server that is away, not MLflow's
     # own HTTP retries, which take minutes per call.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")

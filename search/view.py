@@ -10,6 +10,7 @@ import time
 
 import optuna
 from ray.tune import Callback
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -139,7 +140,9 @@ class StudyView:
     def final_table(self, top: int = 5) -> None:
         key = self.plan.objective.rank_metric
         trials = ranked_trials(self.study, self.plan.objective)
-        table = Table(title=f"top {min(top, len(trials))} of study {self.plan.study} by {key}")
+        # No vertical rules and single padding: the room they took is the architecture's, in 120 columns.
+        table = Table(title=f"top {min(top, len(trials))} of study {self.plan.study} by {key}", box=box.SIMPLE_HEAD,
+                      collapse_padding=True, pad_edge=False)
         columns = ["trial", key, "val MLM", "nats vs floor", "tokens/s", "params", "architecture", "MLflow run"]
         if key == "validation_loss":
             columns.remove("val MLM")  # it is the ranking column already
