@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -124,6 +125,24 @@ def test_a_study_too_small_for_asha_runs_every_trial_and_says_so():
     assert early_stopping(asha, 1)[1].startswith("early stopping off: 1 trial is too few")
     assert early_stopping(asha, 20) == (asha, None)
     assert early_stopping(None, 3) == (None, None)  # --no-early-stop: nothing to say
+
+
+def test_a_trial_line_says_what_a_log_reader_needs(capsys):
+    from search.controllers import Proposal
+    from search.searcher import TrialOutcome
+    from search.view import StudyView
+    from space.arch import ArchConfig
+
+    plan = SimpleNamespace(study="s", objective=OBJECTIVES["mlm"], trials=8, unigram_floor=6.4)
+    view = StudyView(plan, study=None, tracker=None, already_done=2, remaining=6)
+    arch = ArchConfig(layers=2, hidden=64, heads=4)
+    view.record(TrialOutcome(2, "complete", {"validation_loss": 5.9, "nats_below_unigram": 0.5},
+                             Proposal(2, arch, "f"), "run", regime="plateau"))
+    view.record(TrialOutcome(3, "failed", {}, Proposal(3, arch, "f"), "run", reason="OutOfMemory: too big"))
+    complete, failed = capsys.readouterr().out.splitlines()
+    assert complete.startswith(f"trial 2 complete: {arch.describe()}; validation_loss 5.9000, 0.500 nats below the "
+                               "floor; regime plateau [3/8 done, ETA ")
+    assert failed.startswith(f"trial 3 failed: {arch.describe()}; OutOfMemory: too big [4/8 done, ETA ")
 
 
 @pytest.mark.slow
