@@ -18,7 +18,6 @@ seed did not get there within CAP trials.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import random
@@ -29,6 +28,7 @@ import optuna
 
 from search.controllers import CONTROLLERS, ask, open_study, tell
 from space import ArchConfig, SearchSpace, default_space_path, load_space
+from trainer.console import CliParser
 
 PARAMS_BUDGET_M = 4.0  # the score grows with size up to here, then falls off steeply
 NORM_PLACEMENT = {"pre": 0.04, "sandwich": 0.03, "post": 0.0}
@@ -97,7 +97,7 @@ def median_trials(results: list[int | None]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CliParser(description=__doc__.splitlines()[0])
     parser.add_argument("--controllers", nargs="+", default=list(CONTROLLERS), choices=list(CONTROLLERS))
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--cap", type=int, default=300, help="trials per study at most")

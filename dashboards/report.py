@@ -10,7 +10,6 @@ are `dashboards.analysis`; this module only lays them out.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from search.states import COMPLETE, FAILED, PRUNED, STATES
 from search.stores import study_storage
 from space.arch import ArchConfig, ArchError
 from space.errors import CramnasError
+from trainer.console import CliParser, one_line_on_ctrl_c
 
 TOP_K = 10
 COLOURS = {"point": "#8c959f", "front": "#0969da", "best": "#1a7f37", "edge": "#afb8c1"}
@@ -387,8 +387,9 @@ class ArtifactError(RuntimeError):
     pass
 
 
+@one_line_on_ctrl_c
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dashboards.report", description=__doc__.splitlines()[0])
+    parser = CliParser(prog="python -m dashboards.report", description=__doc__.splitlines()[0])
     parser.add_argument("--study", required=True)
     parser.add_argument("--out", default="report.html", help="default: report.html")
     parser.add_argument("--tracking-uri", help="default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")

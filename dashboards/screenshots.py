@@ -25,7 +25,6 @@ request to a host other than 127.0.0.1 is blocked and recorded.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import http.server
@@ -52,6 +51,7 @@ from dashboards.ui import LOOPBACK
 from search.objectives import OBJECTIVES
 from search.retry import first_line
 from space.errors import CramnasError, UsageError
+from trainer.console import CliParser, one_line_on_ctrl_c
 
 INSTALL_HINT = "install Debian's package: apt-get update && apt-get install -y chromium"
 # Flags for a quiet headless Chromium (docs/stack.md); Playwright adds --headless, --no-sandbox (off by
@@ -333,8 +333,9 @@ def _best_trial(data: StudyData) -> pd.Series | None:
 
 # ---- CLI ----------------------------------------------------------------------------------------
 
+@one_line_on_ctrl_c
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dashboards.screenshots", description=__doc__.splitlines()[0])
+    parser = CliParser(prog="python -m dashboards.screenshots", description=__doc__.splitlines()[0])
     parser.add_argument("--study", required=True, help="the study's name (its MLflow experiment)")
     parser.add_argument("--out-dir", default="screenshots", help="where the PNGs and report.html go (default screenshots/)")
     parser.add_argument("--tracking-uri", help="default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")

@@ -11,7 +11,6 @@ Ctrl-C or SIGTERM. `serve` and `study_urls` are the same pieces for scripts (scr
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -31,6 +30,7 @@ import requests
 from dashboards.analysis import top_k
 from dashboards.data import StudyData, load_study, open_store
 from space.errors import CramnasError, UsageError
+from trainer.console import CliParser
 
 DEFAULT_PORT = 5000
 LOOPBACK = "127.0.0.1"
@@ -178,7 +178,7 @@ def _interrupt(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dashboards.ui", description=__doc__.splitlines()[0])
+    parser = CliParser(prog="python -m dashboards.ui", description=__doc__.splitlines()[0])
     parser.add_argument("--study", help="print this study's runs table and top-5 compare URLs")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--host", default=LOOPBACK, help="interface to bind (default 127.0.0.1: this machine only)")

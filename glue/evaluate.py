@@ -19,7 +19,6 @@ before any fine-tuning.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -31,6 +30,7 @@ from glue.finetune import SANE
 from glue.runner import DEFAULT_PROBE_TASKS, ProbeLimits, ProbeResult, run_glue
 from glue.tasks import TASKS, GlueError, get_task
 from space.errors import CramnasError
+from trainer.console import VERBOSE_HELP, CliParser, one_line_on_ctrl_c, quiet_libraries
 from trainer.data_flags import add_data_arguments
 
 RESULT_FILE = "glue.json"
@@ -60,8 +60,9 @@ def result_table(result: ProbeResult, title: str):
     return table
 
 
+@one_line_on_ctrl_c
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m glue.evaluate", description=__doc__.splitlines()[0])
+    parser = CliParser(prog="python -m glue.evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True, help="a checkpoint directory written by trainer.cram")
     parser.add_argument("--tasks", help=f"all, available, or a comma list of {','.join(TASKS)}")
     parser.add_argument("--protocol", choices=("sane", "probe"), default="sane")
@@ -74,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="probe only: training examples per task")
     parser.add_argument("--max-seconds-per-task", type=float, default=ProbeLimits.max_seconds_per_task,
                         help="probe only: training wall-clock per task")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = parser.parse_args(argv)
+    quiet_libraries(args.verbose)
 
     from rich.console import Console
 

@@ -42,6 +42,7 @@ from glue.finetune import FinetuneSettings, RunResult, finetune
 from glue.tasks import GlueError, describe_average, glue_average
 from trainer.checkpoint import load_checkpoint
 from trainer.config import ConfigError
+from trainer.console import count, eta
 from trainer.device import device_name, pick_device
 from trainer.model import CrammedBert
 
@@ -133,17 +134,25 @@ def run_glue(encoder_or_checkpoint: CrammedBert | str | os.PathLike, tokenizer: 
     state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
 
     metrics, scores, seconds, runs = {}, {}, {}, {}
+    total_runs, finetuning_start = len(tasks) * len(seeds), time.perf_counter()
+    if report is not None:
+        report(f"fine-tuning {count(len(tasks), 'task')} x {count(len(seeds), 'seed')} = {count(total_runs, 'run')} "
+               f"on {device_name(device)}")
     for task in tasks:
         train, validation = prepared[task.name]
         task_start = time.perf_counter()
         results: list[RunResult] = []
+        if report is not None:  # a GLUE_sane task can take minutes per seed: say which one is under way
+            report(f"{task.name}: fine-tuning on {len(train):,} examples ...")
         for seed in seeds:
             results.append(finetune(state, arch, task, train, validation, settings, seed, pad, device))
             if report is not None:
                 shown = ", ".join(f"{entry} {name} {value:.4f}" for entry, values in results[-1].metrics.items()
                                   for name, value in values.items())
+                done = sum(len(run) for run in runs.values()) + len(results)
                 report(f"{task.name} seed {seed}: {shown} ({results[-1].steps} steps, "
-                       f"{results[-1].train_seconds + results[-1].eval_seconds:.1f} s)")
+                       f"{results[-1].train_seconds + results[-1].eval_seconds:.1f} s) [{done}/{total_runs} runs, "
+                       f"{eta(time.perf_counter() - finetuning_start, done, total_runs)}]")
         seconds[task.name] = time.perf_counter() - task_start
         runs[task.name] = [asdict(result) for result in results]
         for entry, _ in task.entries:

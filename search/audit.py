@@ -16,12 +16,12 @@ Exit code 0 when all hold, 1 with one line per problem otherwise.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
 from space.errors import CramnasError
+from trainer.console import CliParser, one_line_on_ctrl_c
 
 
 @dataclass
@@ -91,8 +91,9 @@ def audit_study(study_name: str, tracking_uri: str | None = None, storage: str |
     return audit
 
 
+@one_line_on_ctrl_c
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m search.audit", description=__doc__.splitlines()[0])
+    parser = CliParser(prog="python -m search.audit", description=__doc__.splitlines()[0])
     parser.add_argument("--study", required=True)
     parser.add_argument("--trials", type=int, help="the total the study should have reached")
     parser.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from search.objectives import DEFAULT_OBJECTIVE, Objective, objective_named
 from search.states import COMPLETE, FAILED
 from space.errors import CramnasError, UsageError
+from trainer.console import VERBOSE_HELP, CliParser, count, floor_gap, one_line_on_ctrl_c, quiet_libraries
 from trainer.data_flags import add_data_arguments
 
 if TYPE_CHECKING:  # imported for real only once the flags are checked
@@ -127,7 +128,7 @@ class SeedOutcome:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m search.confirm",
+    parser = CliParser(prog="python -m search.confirm",
                                      description="Re-train a study's best architectures with new seeds.")
     parser.add_argument("--study", required=True, help="the study to confirm (its MLflow experiment)")
     parser.add_argument("--top", type=int, default=5, help="candidates: the study's best complete trials "
@@ -140,6 +141,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                "(default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     add_data_arguments(parser, data_help="local data directory, as given to search.run")
     parser.add_argument("--retry-failed", action="store_true", help="re-run confirmations that failed before")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     return parser.parse_args(argv)
 
 
@@ -235,7 +237,8 @@ def make_plan(args: argparse.Namespace) -> ConfirmPlan:
         raise UsageError(f"--study: {args.study!r} has no complete trial with {metric} to confirm; "
                          f"run more trials (python -m search.run --study {args.study} --resume --trials N)")
     if len(candidates) < args.top:
-        print(f"note: study {args.study} has {len(candidates)} complete trials with {metric}; confirming those")
+        print(f"note: study {args.study} has {count(len(candidates), 'complete trial')} with {metric}; "
+              "confirming those")
     # Imported only now (torch, datasets: seconds), so that a wrong study name fails fast.
     import torch
 
@@ -304,9 +307,10 @@ def confirm_one(plan: ConfirmPlan, candidate: Candidate, index: int, seed: int) 
     tracker.finish_run(run_id, COMPLETE, metrics,
                        artifacts={"arch.yaml": candidate.arch, "result.json": {"cram": cram, "probe": probe_result}},
                        loss_curve=cram["loss_curve"])
-    print(f"{label}: {metric} {metrics[metric]:.4f} in {time.perf_counter() - started:.1f} s; validation loss "
-          f"{metrics['validation_loss']:.4f}, {metrics['nats_below_unigram']:+.4f} nats below the unigram floor "
-          f"{metrics['unigram_floor']:.4f}")
+    # An mlm study ranks by the validation loss itself: said once.
+    loss = "" if metric == "validation_loss" else f"validation loss {metrics['validation_loss']:.4f}, "
+    print(f"{label}: {metric} {metrics[metric]:.4f} in {time.perf_counter() - started:.1f} s; {loss}"
+          f"{floor_gap(metrics['nats_below_unigram'], 4)} the unigram floor {metrics['unigram_floor']:.4f}")
     return SeedOutcome(candidate, seed, run_id, COMPLETE, metrics[metric])
 
 
@@ -349,9 +353,10 @@ def print_table(plan: ConfirmPlan, outcomes: list[SeedOutcome]) -> None:
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
+@one_line_on_ctrl_c
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per small YAML file is noise
+    quiet_libraries(args.verbose)
     # As in search.run: search.retry.Retry retries a tracking server that is away, not MLflow's
     # own HTTP retries, which take minutes per call.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")

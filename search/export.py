@@ -6,7 +6,6 @@ the winner's `arch`), plus `provenance`: study, trial, MLflow run id, score, bud
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from search.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, Objective, objective_named
 from space.errors import CramnasError
+from trainer.console import CliParser, one_line_on_ctrl_c
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -80,8 +80,9 @@ def export(study_name: str, rank_by: str | None = None, out: str | Path | None =
     return path
 
 
+@one_line_on_ctrl_c
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m search.export", description=__doc__.splitlines()[0])
+    parser = CliParser(prog="python -m search.export", description=__doc__.splitlines()[0])
     parser.add_argument("--study", required=True)
     parser.add_argument("--rank-by", choices=sorted(OBJECTIVES), help="an objective (default: the study's)")
     parser.add_argument("--out", help="default: trainer/configs/<study>-best.yaml")

@@ -117,6 +117,8 @@ class StudyPlan:
     storage: str
     address: str | None
     seed: int
-    # The prepared data's validation loss of predicting from token frequencies alone (trainer/unigram.py):
-    # what every trial's loss is read against. None only for a plan built without data.
+    # The prepared data's references (trainer/references.py): what every trial's loss is read
+    # against. None only for a plan built without data.
     unigram_floor: float | None = None
+    corruption_floor: float | None = None
+    context_reference: float | None = None

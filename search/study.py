@@ -26,7 +26,8 @@ from search.spec import StudyPlan
 from search.states import COMPLETE, FAILED, PRUNED, state_of_trial
 from search.tracking import StudyTracker
 from search.trial import ASHA_METRIC
-from search.view import StudyView, floor_text
+from search.view import StudyView, references_text
+from trainer.console import count
 
 # Ray's per-trial files (results, logs) go here unless RunConfig is told otherwise (docs/stack.md).
 RAY_RESULTS = Path(tempfile.gettempdir()) / "cramnas-ray"
@@ -121,6 +122,15 @@ def early_stopping(early_stop: dict, report_every: float):
                          reduction_factor=early_stop["reduction_factor"])
 
 
+def early_stop_for_session(early_stop: dict | None, trials: int) -> tuple[dict | None, str | None]:
+    """The ASHA settings for a session of `trials` trials, and the line that says early stopping is
+    off when there are too few of them for its rungs (`early_stop["min_trials"]`, search.run)."""
+    if early_stop is None or trials >= early_stop["min_trials"]:
+        return early_stop, None
+    return None, (f"early stopping off: {count(trials, 'trial')} {'is' if trials == 1 else 'are'} too few to stop "
+                  f"any (ASHA from {early_stop['min_trials']})")
+
+
 def run_study(plan: StudyPlan) -> int:
     import ray
     from ray import tune
@@ -143,7 +153,8 @@ def run_study(plan: StudyPlan) -> int:
         "budget": plan.budget.text, "trials": plan.trials, "code_version": _code_version(),
         "train": train, **probe_settings(plan),
         # A property of the prepared data, so the study's once (tag and param): the report's header reads it.
-        **({"unigram_floor": round(plan.unigram_floor, 4)} if plan.unigram_floor is not None else {}),
+        **{name: round(value, 4) for name in ("unigram_floor", "corruption_floor", "context_reference")
+           if (value := getattr(plan, name)) is not None},
     })
     if plan.resume:
         fixed = reconcile(study, tracker, train)
@@ -161,7 +172,7 @@ def run_study(plan: StudyPlan) -> int:
                   f"architectures (trials {', '.join(map(str, rerun))}, failed \"{controllers.DRIVER_DIED}\")")
     print(f"study {plan.study}: {done} of {plan.trials} trials done, {remaining} to run "
           f"(controller {plan.controller}, objective {plan.objective.name}, budget {plan.budget.text}"
-          f", unigram floor {floor_text(plan.unigram_floor)}); "
+          f"; {references_text(plan)}); "
           f"MLflow {plan.tracking_uri}, run {parent_run}")
     view = StudyView(plan, study, tracker, already_done=done, remaining=max(remaining, 0))
     searcher = None
@@ -179,8 +190,11 @@ def run_study(plan: StudyPlan) -> int:
         searcher = CramnasSearcher(study, plan.space, plan.objective, tracker, plan.template,
                                    {"controller": plan.controller}, on_outcome=view.record)
         scheduler = FIFOScheduler()
-        if plan.early_stop:
-            scheduler = early_stopping(plan.early_stop, plan.template.train.report_every)
+        early_stop, off = early_stop_for_session(plan.early_stop, remaining)
+        if off:
+            print(off)
+        if early_stop:
+            scheduler = early_stopping(early_stop, plan.template.train.report_every)
         tuner = tune.Tuner(
             tune.with_resources(tune.with_parameters(run_trial, shipped=shipped), plan.resources),
             tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=remaining,

@@ -1,6 +1,7 @@
 """The terminal view of a running study: live counts, the best so far, ETA; the top 5 at the end.
-Each loss is shown beside the unigram floor (trainer/unigram.py), so a trial that learned nothing
-beyond token frequencies reads as such."""
+Each loss is shown beside the corruption floor and its regime (trainer/references.py,
+trainer/regimes.py), so a trial that learned nothing beyond frequencies and copying reads as such;
+a trial recorded before those existed, beside the unigram floor."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 
 import optuna
 from ray.tune import Callback
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -20,18 +22,35 @@ from search.spec import StudyPlan
 from search.states import COMPLETE, FAILED, PRUNED, REPEAT
 from search.tracking import StudyTracker
 from space.arch import ArchConfig
+from trainer.console import duration, eta, floor_gap, is_terminal
+from trainer.regimes import regime_of
+
+# The final table fits a 120-column terminal or log (the architecture column wraps, not the headers).
+TABLE_WIDTH = 120
 
 
 def floor_text(floor: float | None) -> str:
-    """The unigram floor (trainer/unigram.py) as the terminal shows it; n/a for a study without one."""
+    """A reference loss as the terminal shows it; n/a for a study without one."""
     return "n/a" if floor is None else f"{floor:.3f} nats"
 
 
-def below_floor(metrics: dict[str, float]) -> str:
-    """How far a trial's validation loss ended below the unigram floor: what it learned beyond
-    token frequencies (n/a for a trial recorded before the floor was)."""
-    below = metrics.get("nats_below_unigram")
-    return "n/a" if below is None else f"{below:+.3f}"
+def references_text(plan: StudyPlan) -> str:
+    """The references every trial's loss is read against, in one line."""
+    if plan.corruption_floor is None:  # a plan of data prepared before the references existed
+        return f"unigram floor {floor_text(plan.unigram_floor)}"
+    return (f"corruption floor {floor_text(plan.corruption_floor)} (learned nothing), two-neighbour count model "
+            f"{floor_text(plan.context_reference)}, unigram floor {floor_text(plan.unigram_floor)}")
+
+
+def below_floor(metrics: dict[str, float], unit: str = " nats", short: bool = False) -> str:
+    """How far a trial's validation loss ended from the corruption floor, in words (`0.481 nats
+    below the corruption floor`), or, recorded before it existed, from the unigram floor; `short`:
+    without naming the floor, for the table's column of the corruption floor."""
+    for key, floor in (("nats_below_floor", "corruption floor"), ("nats_below_unigram", "unigram floor")):
+        if key in metrics:
+            gap = floor_gap(metrics[key], unit=unit)
+            return gap if short and key == "nats_below_floor" else f"{gap} the {floor}"
+    return "n/a"
 
 
 class _RunningCounter(Callback):
@@ -58,8 +77,9 @@ class StudyView:
         self.running = 0
         self.best: TrialOutcome | None = None
         self.started = time.monotonic()
-        # Not a terminal (a log file, CI): wide enough that the top-5 table keeps run ids whole.
-        self.console = Console(width=None if sys.stdout.isatty() else 160)
+        # A terminal gets the live view; a log file or pipe one plain line per finished trial.
+        self.terminal = is_terminal(sys.stdout)
+        self.console = Console(width=None if self.terminal else TABLE_WIDTH)
         self._live: Live | None = None
 
     def callback(self) -> Callback:
@@ -75,30 +95,55 @@ class StudyView:
         key = self._key(outcome) if outcome.state in (COMPLETE, REPEAT) else None
         if key is not None and (self.best is None or key < self._key(self.best)):
             self.best = outcome
-        if outcome.state == FAILED:
+        if not self.terminal:
+            print(self.trial_line(outcome), flush=True)
+        elif outcome.state == FAILED:
             self.console.print(f"[red]trial {outcome.number} failed:[/red] {outcome.reason}")
         if self._live:
             self._live.update(self.render())
 
+    def trial_line(self, outcome: TrialOutcome) -> str:
+        """One finished trial as a log line: `trial 3 complete: 4x256/4h geglu pre-norm rotary;
+        validation_loss 6.1234, 0.481 nats below the corruption floor; regime neighbours [4/8 done, ETA 3.2 min]`."""
+        key = self.plan.objective.rank_metric
+        line = f"trial {outcome.number} {outcome.state}: {outcome.proposal.config.describe()}"
+        if key in outcome.metrics:
+            line += f"; {key} {outcome.metrics[key]:.4f}"
+            if key != "validation_loss" and "validation_loss" in outcome.metrics:
+                line += f", validation MLM {outcome.metrics['validation_loss']:.4f}"
+            if {"nats_below_floor", "nats_below_unigram"} & set(outcome.metrics):
+                line += f", {below_floor(outcome.metrics)}"
+        if regime_of(outcome.metrics):
+            line += f"; regime {regime_of(outcome.metrics)}"
+        if outcome.reason:
+            line += f"; {outcome.reason}"
+        finished = sum(self.counts.values())
+        return line + (f" [{self.already_done + finished}/{self.plan.trials} done, "
+                       f"{eta(time.monotonic() - self.started, finished, self.remaining)}]")
+
     def render(self) -> Table:
         finished = sum(self.counts.values())
         elapsed = time.monotonic() - self.started
-        eta = elapsed / finished * (self.remaining - finished) if finished else None
         table = Table(title=f"study {self.plan.study}", show_header=False, box=None)
         table.add_row("trials", f"{self.already_done + finished}/{self.plan.trials} done: "
                       f"{self.counts['complete']} complete, {self.counts['repeat']} repeats, "
                       f"{self.counts['pruned']} pruned, {self.counts['failed']} failed; {self.running} running")
-        table.add_row("time", f"{elapsed / 60:.1f} min elapsed" + (f", ETA {eta / 60:.1f} min" if eta else ""))
-        table.add_row("floor", f"unigram floor {floor_text(self.plan.unigram_floor)}: the validation loss of "
-                      "predicting from token frequencies alone")
+        table.add_row("time", f"{duration(elapsed)} elapsed" + (f", {eta(elapsed, finished, self.remaining)}"
+                                                                  if finished else ""))
+        table.add_row("floor", references_text(self.plan))
         if self.best:
             key = self.plan.objective.rank_metric
+            regime = regime_of(self.best.metrics)
             table.add_row("best", f"trial {self.best.number}: {key}={self.best.metrics[key]:.4f}, "
-                          f"{below_floor(self.best.metrics)} nats below the floor  {self.best.proposal.config.describe()}")
+                          f"{below_floor(self.best.metrics)}{f', {regime}' if regime else ''}  "
+                          f"{self.best.proposal.config.describe()}")
         return table
 
     @contextlib.contextmanager
     def live(self):
+        if not self.terminal:  # Live off a terminal prints only its last frame, at the end: the lines say it all
+            yield
+            return
         with Live(self.render(), console=self.console, refresh_per_second=1, transient=False) as live:
             self._live = live
             try:
@@ -110,25 +155,29 @@ class StudyView:
     def final_table(self, top: int = 5) -> None:
         key = self.plan.objective.rank_metric
         trials = ranked_trials(self.study, self.plan.objective)
-        table = Table(title=f"top {min(top, len(trials))} of study {self.plan.study} by {key}")
-        columns = ["trial", key, "val MLM", "nats below floor", "tokens/s", "params", "architecture", "MLflow run"]
+        # No vertical rules and single padding: the room they took is the architecture's, in 120 columns.
+        table = Table(title=f"top {min(top, len(trials))} of study {self.plan.study} by {key}", box=box.SIMPLE_HEAD,
+                      collapse_padding=True, pad_edge=False)
+        columns = ["trial", key, "val MLM", "vs corruption floor", "regime", "tokens/s", "params", "architecture",
+                   "MLflow run"]
         if key == "validation_loss":
             columns.remove("val MLM")  # it is the ranking column already
-        for column in columns:
-            table.add_column(column, no_wrap=True)
+        for column in columns:  # the architecture wraps where the width runs out; numbers and run ids stay whole
+            table.add_column(column, no_wrap=column != "architecture")
         for trial in trials[:top]:
             metrics = trial.user_attrs["metrics"]
             run = self.tracker.find_trial_run(trial.number)
             cells = [str(trial.number), f"{metrics[key]:.4f}", f"{metrics.get('validation_loss', float('nan')):.3f}",
-                     below_floor(metrics), f"{metrics.get('tokens_per_s', 0):,.0f}", f"{metrics.get('params', 0) / 1e6:.1f}M",
+                     below_floor(metrics, unit="", short=True), regime_of(metrics) or "n/a",
+                     f"{metrics.get('tokens_per_s', 0):,.0f}", f"{metrics.get('params', 0) / 1e6:.1f}M",
                      ArchConfig.from_dict(trial.user_attrs["arch"]).describe(), run.info.run_id if run else "-"]
             if key == "validation_loss":
                 del cells[2]
             table.add_row(*cells)
         self.console.print(table)
-        print(f"unigram floor {floor_text(self.plan.unigram_floor)}: a trial that ends no lower learned nothing "
-              "beyond token frequencies")
-        counts = {k: v for k, v in self.counts.items() if v}
+        print(f"{references_text(self.plan)}: a trial that ends no lower than the first learned nothing beyond "
+              "frequencies and copying the unchanged tokens")
+        counts = ", ".join(f"{number} {state}" for state, number in self.counts.items() if number)
         print(f"this session: {counts or 'no trials'}; study store {self.plan.storage}")
         if trials:
             print(f"export the winner:  python -m search.export --study {self.plan.study} "

@@ -19,6 +19,7 @@ from search.trial import trial_metrics
 from search.view import StudyView
 from space.arch import ArchConfig
 from tests.dashboard_study import UNIGRAM_FLOOR, scratch_store, write_study
+from trainer.console import floor_gap
 
 
 def test_trial_metrics_carry_the_references_and_the_loss_by_kind():
@@ -41,7 +42,8 @@ def study():
 def test_the_live_view_and_the_final_table_show_the_floor(study, capsys):
     objective = OBJECTIVES["mlm"]
     plan = SimpleNamespace(study=study.name, objective=objective, trials=4, storage=study_storage(study.uri),
-                           tracking_uri=study.uri, unigram_floor=UNIGRAM_FLOOR)
+                           tracking_uri=study.uri, unigram_floor=UNIGRAM_FLOOR, corruption_floor=None,
+                           context_reference=None)  # a study of data prepared before the references
     optuna_study = optuna.load_study(study_name=study.name, storage=plan.storage)
     view = StudyView(plan, optuna_study, StudyTracker(study.uri, study.name), already_done=0, remaining=4)
     best = min(study.trials, key=lambda t: t.metrics["validation_loss"])
@@ -52,10 +54,30 @@ def test_the_live_view_and_the_final_table_show_the_floor(study, capsys):
     console.print(view.render())
     live = console.export_text()
     assert f"unigram floor {UNIGRAM_FLOOR:.3f} nats" in live
-    assert f"{best.metrics['nats_below_unigram']:+.3f} nats below the floor" in live
+    assert f"{floor_gap(best.metrics['nats_below_unigram'])} the unigram floor" in live
 
     view.final_table()
     printed = capsys.readouterr().out
-    assert "nats below floor" in printed and f"unigram floor {UNIGRAM_FLOOR:.3f} nats" in printed
+    assert "vs corruption floor" in printed and f"unigram floor {UNIGRAM_FLOOR:.3f} nats" in printed
     row = next(line for line in printed.splitlines() if best.run_id in line)
-    assert f"{best.metrics['validation_loss']:.4f}" in row and f"{best.metrics['nats_below_unigram']:+.3f}" in row
+    assert f"{best.metrics['validation_loss']:.4f}" in row and floor_gap(best.metrics["nats_below_unigram"], unit="") in row
+
+
+def test_a_trial_with_the_references_is_read_against_the_corruption_floor_and_its_regime(study):
+    plan = SimpleNamespace(study=study.name, objective=OBJECTIVES["mlm"], trials=4, storage=study_storage(study.uri),
+                           tracking_uri=study.uri, unigram_floor=6.387, corruption_floor=5.856, context_reference=3.192)
+    view = StudyView(plan, optuna.load_study(study_name=study.name, storage=plan.storage),
+                     StudyTracker(study.uri, study.name), already_done=0, remaining=4)
+    best = study.trials[0]
+    metrics = {**best.metrics, "validation_loss": 4.0, "nats_below_floor": 1.856, "corruption_floor": 5.856,
+               "context_reference": 3.192}
+    outcome = TrialOutcome(best.number, "complete", metrics, Proposal(best.number, ArchConfig.from_dict(best.arch), "f"),
+                           best.run_id)
+    view.record(outcome)
+    line = view.trial_line(outcome)
+    assert "4.0000, 1.856 nats below the corruption floor; regime neighbours" in line
+    console = Console(record=True, width=200)
+    console.print(view.render())
+    live = console.export_text()
+    assert "corruption floor 5.856 nats (learned nothing), two-neighbour count model 3.192 nats" in live
+    assert "1.856 nats below the corruption floor, neighbours" in live

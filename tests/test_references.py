@@ -18,7 +18,7 @@ from trainer.references import (
     corruption_floor,
     shown_positions,
 )
-from trainer.regimes import REGIMES, describe_loss, nats_from, regime, regime_of
+from trainer.regimes import REGIMES, describe_loss, regime, regime_of
 from trainer.unigram import token_counts
 from trainer.validation import validation_losses, validation_masks
 
@@ -93,7 +93,6 @@ def test_regime_thresholds(loss, expected):
 def test_regime_of_recorded_metrics_and_the_words():
     assert regime_of({"validation_loss": 3.0, "corruption_floor": 5.9, "context_reference": 3.2}) == "beyond-ngrams"
     assert regime_of({"validation_loss": 3.0}) is None  # recorded before the references existed
-    assert nats_from(5.0, 5.481) == "0.481 nats below" and nats_from(5.05, 5.0) == "0.050 nats above"
     line = describe_loss(5.83, unigram=6.39, corruption=5.856, context=3.19)
     assert line.startswith("regime plateau: 0.026 nats below the corruption floor 5.856")
 

@@ -11,7 +11,6 @@ MLflow: progress goes to a callback (the search wires it to `tune.report`), the 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import os
@@ -33,6 +32,7 @@ from trainer import resume
 from trainer.budget import Budget
 from trainer.checkpoint import CheckpointWriteError, check_writable, save_checkpoint
 from trainer.config import TrainConfig, load_run_config
+from trainer.console import VERBOSE_HELP, CliParser, ProgressLines, is_terminal, one_line_on_ctrl_c, quiet_libraries
 from trainer.corpus import CorpusSource
 from trainer.data import PretrainData, prepare_data, tokens_to_prepare
 from trainer.data_flags import add_data_arguments
@@ -157,8 +157,9 @@ def cram_with_model(arch: ArchConfig, train: TrainConfig, data: PretrainData, bu
     return trainer.model.eval(), result
 
 
+@one_line_on_ctrl_c
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.cram", description="Cram one architecture under a budget.")
+    parser = CliParser(prog="python -m trainer.cram", description="Cram one architecture under a budget.")
     parser.add_argument("--config", help="run config YAML, e.g. trainer/configs/crammed-bert-cpu.yaml")
     parser.add_argument("--budget", help="60s, 5m, 24h (wall-clock), 2e7tokens, 1e15flops or cramming-day "
                         "(the compute of Cramming's 24 hours on an A6000) (default: 24h)")
@@ -171,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                         "2e8tokens) or off; one is also written at the end and on Ctrl-C/SIGTERM (default: 30m)")
     parser.add_argument("--validate-every", help="validation MLM loss cadence, kept in result.json's "
                         "validation_curve (30m, 2e8tokens) or off (default: 30m)")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     args = parser.parse_args(argv)
+    quiet_libraries(args.verbose)
     if not args.config and not args.resume:
         parser.error("--config is required (or --resume RUN_DIR to continue a run)")
     if args.resume and args.out:
@@ -222,9 +225,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cramming {run.name} ({run.arch.num_params() / 1e6:.1f}M params) for {budget.text} on "
           f"{device_name(pick_device())}; {len(data.train):,} training sequences"
           + (f"; resuming from {resume_from.path}" if resume_from is not None else ""), flush=True)
-    bar = tqdm(total=100, unit="%", bar_format="{l_bar}{bar}| {n:.0f}/{total}% [{elapsed}<{remaining}{postfix}]")
+    # A bar on a terminal; in a log file a plain line every 10% (or 30 s), not one endless line of
+    # the bar's carriage-return updates.
+    bar = tqdm(total=100, unit="%", bar_format="{l_bar}{bar}| {n:.0f}/{total}% [{elapsed}<{remaining}{postfix}]",
+               disable=not is_terminal(sys.stderr))
+    lines = ProgressLines(lambda line: print(line, file=sys.stderr, flush=True))
 
     def show(progress: Progress) -> None:
+        if bar.disable:
+            lines.update(progress.fraction, f"loss {progress.train_loss:.3f}, {progress.tokens_per_s:,.0f} tokens/s, "
+                                            f"{progress.tokens:,} tokens")
+            return
         bar.n = round(100 * progress.fraction)
         bar.set_postfix(loss=f"{progress.train_loss:.3f}", tok_s=f"{progress.tokens_per_s:,.0f}",
                         tokens=f"{progress.tokens:,}")
@@ -244,8 +255,11 @@ def main(argv: list[str] | None = None) -> int:
             bar.close()
             print(f"error: {error}", file=sys.stderr)
             return 1
-    bar.n = 100  # the end of the budget is no progress report (trainer.loop): the bar stopped short of it
+    # The end of the budget is no progress report (trainer.loop): the bar and the lines stopped short of it.
+    bar.n = 100
     bar.close()
+    if bar.disable:
+        lines.update(1.0, f"{result.tokens:,} tokens")
     print(f"validation MLM loss {result.validation_loss:.4f} after {result.tokens:,} tokens, {result.steps} steps, "
           f"{result.seconds:.1f} s ({result.tokens_per_s:,.0f} tokens/s)")
     print(describe_loss(result.validation_loss, result.unigram_floor, result.corruption_floor, result.context_reference))

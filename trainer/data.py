@@ -58,6 +58,7 @@ from tokenizers import Tokenizer
 from space.errors import CramnasError
 from trainer.budget import Budget
 from trainer.cache import FORMAT_VERSION, cache_root, digest, locked, write_atomically
+from trainer.console import CliParser, one_line_on_ctrl_c
 from trainer.corpus import HELD_OUT_FRACTION, HUB_CONFIGS, Corpus, CorpusSource, DataError, Documents, logged
 from trainer.data_flags import add_data_arguments
 from trainer.packing import write_packed
@@ -420,8 +421,9 @@ def _timed(timings: dict[str, float], step: str) -> Iterator[None]:
     timings[step] = round(time.perf_counter() - start, 2)
 
 
+@one_line_on_ctrl_c
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="python -m trainer.data", description="Prepare (or find cached) pretraining data."
     )
     add_data_arguments(parser, data_help="local data: DATA (with pretrain/<name>/), a corpus directory or a file")
@@ -483,4 +485,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -15,7 +15,6 @@ that needs no remote code.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import os
 import shutil
@@ -28,6 +27,7 @@ from tokenizers import Tokenizer
 from space.errors import CramnasError
 from trainer.checkpoint import load_checkpoint
 from trainer.config import ConfigError
+from trainer.console import CliParser, one_line_on_ctrl_c
 from trainer.hf_compat import is_original_bert, to_hf_bert
 from trainer.model import CrammedBert
 from trainer.tokenizer import SPECIAL_TOKENS
@@ -176,8 +176,9 @@ def log_to_mlflow(client, run_id: str, checkpoint: str | Path) -> str:
     return f"{client.get_run(run_id).info.artifact_uri}/{HF_ARTIFACT}"
 
 
+@one_line_on_ctrl_c
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.export_hf",
+    parser = CliParser(prog="python -m trainer.export_hf",
                                      description="Export a cramnas checkpoint as a Hugging Face transformers model.")
     parser.add_argument("run_dir", help="checkpoint directory written by trainer.cram, e.g. runs/<name>")
     parser.add_argument("--out", required=True, help="export directory, e.g. hf/<name>")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from trainer.console import floor_gap
+
 # How close to the corruption floor still counts as having learned nothing: the floor of one fixed
 # validation mask moves by about this much with the mask's seed (trainer/unigram.py).
 PLATEAU_MARGIN = 0.05
@@ -35,14 +37,8 @@ def regime_of(metrics: Mapping[str, float]) -> str | None:
     return regime(metrics["validation_loss"], metrics["corruption_floor"], metrics["context_reference"])
 
 
-def nats_from(loss: float, reference: float) -> str:
-    """`0.48 nats below` / `0.05 nats above`: the word carries the sign."""
-    gap = reference - loss
-    return f"{abs(gap):.3f} nats {'below' if gap >= 0 else 'above'}"
-
-
 def describe_loss(loss: float, unigram: float, corruption: float, context: float) -> str:
     """One line that reads a validation loss against its three references."""
-    return (f"regime {regime(loss, corruption, context)}: {nats_from(loss, corruption)} the corruption floor "
+    return (f"regime {regime(loss, corruption, context)}: {floor_gap(corruption - loss)} the corruption floor "
             f"{corruption:.3f} (frequencies + copying; unigram floor {unigram:.3f}), "
-            f"{nats_from(loss, context)} the two-neighbour count model {context:.3f}")
+            f"{floor_gap(context - loss)} the two-neighbour count model {context:.3f}")

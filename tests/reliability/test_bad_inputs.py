@@ -156,7 +156,7 @@ CASES = {
     "run: --max-concurrent -1": Case("search.run", run_args("--max-concurrent", "-1"),
                                      ("--max-concurrent", "at least 1", "-1")),
     "run: unknown controller": Case("search.run", run_args("--controller", "tpee"),
-                                    ("--controller", "'tpee'", "choose from", "'tpe'")),
+                                    ("--controller", "'tpee'", "is not one of", "did you mean tpe?")),
     "run: --gpus-per-trial beyond this machine": Case(
         "search.run", run_args("--gpus-per-trial", "64"), ("--gpus-per-trial", "64 GPUs", "at most", "--address")),
     "run: --cpus-per-trial beyond this machine": Case(
