@@ -106,6 +106,20 @@ def test_auto_cpus_per_trial_shares_the_node_between_its_gpus(cpus, gpus, per_tr
     assert auto_cpus_per_trial(cpus, gpus, per_trial) == expected
 
 
+def test_auto_cpus_come_from_this_machine_or_from_the_cluster_once_ray_is_up(monkeypatch, tmp_path):
+    import search.run as run
+
+    monkeypatch.setattr(run, "local_gpus", lambda: 4)
+    monkeypatch.setattr("os.cpu_count", lambda: 24)
+    assert run.check_inputs(run.parse_args(["--profile", "gpu"])).resources == {"cpu": 6, "gpu": 1}
+    assert run.check_inputs(run.parse_args(["--profile", "gpu", "--address", "auto"])).resources["cpu"] is None
+    profile = tmp_path / "eight.yaml"
+    profile.write_text((ROOT / "search" / "profiles" / "gpu.yaml").read_text().replace("cpus_per_trial: auto",
+                                                                                      "cpus_per_trial: eight"))
+    with pytest.raises(UsageError, match=r"eight\.yaml: resources\.cpus_per_trial must be a number of at least 0 or auto"):
+        run.check_inputs(run.parse_args(["--profile", str(profile)]))
+
+
 def test_a_trial_compiles_with_its_cpus_and_the_nodes_shared_cache(tmp_path, monkeypatch):
     import torch._inductor.config as inductor_config
 
