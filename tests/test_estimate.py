@@ -128,8 +128,8 @@ def test_a_trial_compiles_with_its_cpus_and_the_nodes_shared_cache(tmp_path, mon
     monkeypatch.setenv("CRAMNAS_CACHE", str(tmp_path / "root"))
     assert compile_env(None, None) == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "root" / "inductor")}
     monkeypatch.setattr(inductor_config, "compile_threads", 32)
-    for name in env:
-        monkeypatch.delenv(name, raising=False)
+    for name in env:  # restored after the test: use_compile_env writes os.environ
+        monkeypatch.setenv(name, "before")
     use_compile_env(compile_env(3, str(tmp_path)))
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
