@@ -13,16 +13,19 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from search.resources import auto_cpus_per_trial, local_gpus
 from space.errors import CramnasError, UsageError
 from trainer.console import VERBOSE_HELP, CliParser, one_line_on_ctrl_c, quiet_libraries
 from trainer.data_flags import add_data_arguments
 
 if TYPE_CHECKING:  # imported for real only after the flags are checked (torch, Ray, Optuna: seconds)
+    from search.objectives import Objective
     from search.spec import StudyPlan
     from space.search_space import SearchSpace
     from trainer.budget import Budget
@@ -60,6 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="write each trial's trained model to checkpoints/<study>/t0007/ beside the MLflow "
                              "store (tag cramnas.checkpoint)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--estimate", action="store_true",
+                        help="check the flags, print what the study would cost in device-hours, and exit")
     parser.add_argument("--profile", help="device profile: cpu, gpu or a profile YAML (default: gpu if CUDA is present)")
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     return parser.parse_args(argv)
@@ -117,13 +122,7 @@ def load_profile(path: Path) -> dict[str, Any]:
 def check_local_resources(resources: dict[str, float]) -> None:
     """A local Ray never places a trial that asks for more than this machine has: the study would
     wait forever. (A cluster may have more, so `--address` skips this.)"""
-    if not any(resources.values()):
-        raise UsageError("--cpus-per-trial: a trial needs a CPU or a GPU, got 0 of each; pass --cpus-per-trial 1")
-    have = {"cpu": os.cpu_count() or 1, "gpu": 0}
-    if resources["gpu"] > 0:
-        import torch  # seconds to import: only when GPUs are asked for
-
-        have["gpu"] = torch.cuda.device_count()
+    have = {"cpu": os.cpu_count() or 1, "gpu": local_gpus() if resources["gpu"] > 0 else 0}
     for kind, amount in resources.items():
         if amount > have[kind]:
             raise UsageError(f"--{kind}s-per-trial: a trial asks for {amount:g} {kind.upper()}s but this machine has "
@@ -176,14 +175,31 @@ def check_storage(storage: str) -> str:
     return storage
 
 
-def make_plan(args: argparse.Namespace) -> StudyPlan:
-    """Check every input and prepare the data; raises UsageError (or a library's one-line error).
+@dataclass
+class CheckedInputs:
+    """The flags and the profile, checked (`check_inputs`): what a study and its estimate need
+    before any data is prepared or any store is opened."""
 
-    Cheapest first: flags, profile, space, budget and training settings are checked before torch,
-    datasets or MLflow are even imported, so a typo fails in a second; the data is prepared last."""
+    profile_path: Path
+    profile: dict[str, Any]
+    objective: Objective
+    space: SearchSpace
+    space_path: Path
+    budget: Budget
+    train: TrainConfig
+    resources: dict[str, float | None]  # cpu None: `auto` on a cluster, resolved once Ray is up (search.study)
+    source: Any  # trainer.corpus.CorpusSource
+    probe: Any  # search.spec.Probe, None with --no-probe
+    early_stop: dict[str, Any] | None
+
+
+def check_inputs(args: argparse.Namespace) -> CheckedInputs:
+    """Check the flags, the profile and the local resources; raises UsageError (or a library's
+    one-line error). Cheapest first: flags, profile, space, budget and training settings are
+    checked before torch, datasets or MLflow are even imported, so a typo fails in a second."""
     from search import controllers
     from search.objectives import OBJECTIVES
-    from search.spec import Probe, StudyPlan, TrialSpec
+    from search.spec import Probe
     from space import load_space
     from trainer.budget import Budget
     from trainer.config import TrainConfig, load_run_config
@@ -221,13 +237,21 @@ def make_plan(args: argparse.Namespace) -> StudyPlan:
                                    **profile.get("train", {})}, where=f"{profile_path.name}: train")
     resources = {"cpu": args.cpus_per_trial if args.cpus_per_trial is not None else profile["resources"]["cpus_per_trial"],
                  "gpu": args.gpus_per_trial if args.gpus_per_trial is not None else profile["resources"]["gpus_per_trial"]}
-    if not args.address:
+    if resources["cpu"] == "auto":  # an estimate prices this machine's trials, even with --address
+        resources["cpu"] = None if args.address and not args.estimate else \
+            auto_cpus_per_trial(os.cpu_count() or 1, local_gpus() if resources["gpu"] > 0 else 0, resources["gpu"])
+    for kind in ("cpu", "gpu"):
+        if resources[kind] is not None and (isinstance(resources[kind], bool) or
+                                            not isinstance(resources[kind], (int, float)) or resources[kind] < 0):
+            raise UsageError(f"--profile: {profile_path.name}: resources.{kind}s_per_trial must be a number of at least "
+                             f"0{' or auto' if kind == 'cpu' else ''}, got {resources[kind]!r}")
+    if not any(resources.values()) and resources["cpu"] is not None:
+        raise UsageError("--cpus-per-trial: a trial needs a CPU or a GPU, got 0 of each; pass --cpus-per-trial 1")
+    if not args.address and not args.estimate:  # an estimate may price a GPU study on a laptop
         check_local_resources(resources)
 
     from glue.data import resolve_tasks, why_unavailable
-    from search.stores import check_store, checkpoint_dir, study_storage
     from trainer.corpus import CorpusSource
-    from trainer.data import prepare_data, tokens_to_prepare
 
     if args.data:  # Ray workers run in another working directory: give them the absolute path
         args.data = str(Path(args.data).resolve())
@@ -244,7 +268,22 @@ def make_plan(args: argparse.Namespace) -> StudyPlan:
                 raise UsageError(f"--data: the probe's GLUE task {task.name} ({profile_path.name}: probe.tasks): "
                                  f"{reason}; add it, drop it from probe.tasks, or pass --no-probe --objective mlm")
         probe = Probe(tuple(task.name for task in tasks), {**profile["probe"]["limits"], "data_dir": args.data})
+    early_stop = None if args.no_early_stop or objective.multi else {"min_trials": ASHA_MIN_TRIALS,
+                                                                      **profile["early_stop"]}
+    return CheckedInputs(profile_path, profile, objective, space, space_path, budget, train, resources, source, probe,
+                         early_stop)
 
+
+def make_plan(args: argparse.Namespace) -> StudyPlan:
+    """Check every input (`check_inputs`), open the stores and prepare the data, last; raises
+    UsageError (or a library's one-line error)."""
+    from search import controllers
+    from search.spec import TrialSpec
+    from search.stores import check_store, checkpoint_dir, study_storage
+    from trainer.data import prepare_data, tokens_to_prepare
+
+    checked = check_inputs(args)
+    space, budget, train, source, probe = checked.space, checked.budget, checked.train, checked.source, checked.probe
     tracking_uri = check_store(args.tracking_uri)  # $MLFLOW_TRACKING_URI or sqlite:///mlflow.db by default
     storage = check_storage(study_storage(tracking_uri, args.storage))
     fixed = space.fixed
@@ -252,7 +291,7 @@ def make_plan(args: argparse.Namespace) -> StudyPlan:
                         seq_len=fixed.get("max_seq_len", 128), cache_dir=args.cache_dir,
                         max_tokens=tokens_to_prepare(source, budget))
 
-    warning = repeat_warning_for_study(budget, space, train, data, resources["gpu"])
+    warning = repeat_warning_for_study(budget, space, train, data, checked.resources["gpu"])
     if warning is not None:
         print(warning, file=sys.stderr)
 
@@ -268,15 +307,13 @@ def make_plan(args: argparse.Namespace) -> StudyPlan:
     template = TrialSpec(train, budget, data.fingerprint, data_dir=args.data, corpus=source.hub_id,
                          cache_dir=str(Path(args.cache_dir).resolve()) if args.cache_dir else None, probe=probe,
                          checkpoint_dir=str(checkpoints) if checkpoints else None)
-    early_stop = None if args.no_early_stop or objective.multi else {"min_trials": ASHA_MIN_TRIALS,
-                                                                      **profile["early_stop"]}
     # Last, once everything else is known good: creates the study, or reopens it to resume.
     optuna_study = controllers.open_study(study, storage, args.controller, args.objective, space, args.seed,
                                           args.resume)
-    return StudyPlan(study, optuna_study, args.resume, args.trials, args.controller, objective, space, space_path,
-                budget, template, resources, args.max_concurrent, early_stop, tracking_uri, storage, args.address, args.seed,
-                unigram_floor=data.unigram_floor, corruption_floor=data.corruption_floor,
-                context_reference=data.context_reference)
+    return StudyPlan(study, optuna_study, args.resume, args.trials, args.controller, checked.objective, space,
+                checked.space_path, budget, template, checked.resources, args.max_concurrent, checked.early_stop,
+                tracking_uri, storage, args.address, args.seed, unigram_floor=data.unigram_floor,
+                corruption_floor=data.corruption_floor, context_reference=data.context_reference)
 
 
 @one_line_on_ctrl_c
@@ -298,6 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     import optuna
 
     try:  # before search.study imports Ray: a bad input fails before any of that loads
+        if args.estimate:
+            from search.estimate import study_estimate
+
+            print(study_estimate(check_inputs(args), args.trials, args.max_concurrent).line())
+            return 0
         plan = make_plan(args)
     # Every cramnas user error is a CramnasError (SpaceError, BudgetError, ConfigError, DataError,
     # GlueError, TrackingError, UsageError); Optuna's for a study another driver created meanwhile.

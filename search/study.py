@@ -20,6 +20,7 @@ from pathlib import Path
 import optuna
 
 from search import controllers
+from search.resources import auto_cpus_per_trial
 from search.retry import Retry, TrackingUnavailable
 from search.searcher import CramnasSearcher
 from search.spec import StudyPlan
@@ -182,6 +183,9 @@ def run_study(plan: StudyPlan) -> int:
         else:
             start_local_ray()
         placeable = ray.cluster_resources()  # this machine's, or the cluster's with --address
+        if plan.resources["cpu"] is None:  # `cpus_per_trial: auto` with --address: the cluster's CPUs per GPU
+            plan.resources["cpu"] = auto_cpus_per_trial(placeable.get("CPU", 1), placeable.get("GPU", 0),
+                                                        plan.resources["gpu"])
         concurrent = concurrency(plan.resources, {"cpu": placeable.get("CPU", 1), "gpu": placeable.get("GPU", 0)},
                                  plan.max_concurrent, lambda line: print(line, file=sys.stderr))
         shipped = None

@@ -47,6 +47,7 @@ from search.spec import Probe, TrialSpec
 from space.arch import ArchConfig
 from space.errors import CramnasError
 from trainer.budget import Budget
+from trainer.cache import cache_root
 from trainer.checkpoint import save_checkpoint
 from trainer.config import TrainConfig
 from trainer.cram import NonFiniteLoss, Progress, cram_with_model
@@ -86,10 +87,34 @@ class ShippedData:
         return ray.get(self.ref)
 
 
+def compile_env(cpus: float | None, cache_dir: str | None) -> dict[str, str]:
+    """Inductor's settings for a trial on this node: as many compile workers as the trial has CPUs
+    (unset, Inductor starts min(32, cores) in every trial, each trial's workers contending for the
+    node's cores), and one on-disk cache per node under the cramnas cache root
+    (`trainer.cache.cache_root`), shared by its trials and kept across reboots, unlike /tmp: a
+    trial whose blocks another trial compiled reads the kernels instead of generating them."""
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(cache_root(cache_dir) / "inductor")}
+    if cpus:
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, int(cpus)))
+    return env
+
+
+def use_compile_env(env: dict[str, str]) -> None:
+    """Set `compile_env`'s variables in this process. Inductor reads the thread count when its
+    config is imported, which importing this module already did: set there too."""
+    import torch._inductor.config as inductor_config
+
+    os.environ.update(env)
+    if "TORCHINDUCTOR_COMPILE_THREADS" in env:
+        inductor_config.compile_threads = int(env["TORCHINDUCTOR_COMPILE_THREADS"])
+
+
 def run_trial(config: dict[str, Any], shipped: ShippedData | None = None) -> None:
     """Ray Tune function trainable. `config` is the `TrialSpec.to_dict()` `CramnasSearcher.suggest`
     returned; `shipped`, the driver's data on a cluster (None: every trial shares the driver's cache)."""
     spec = TrialSpec.from_dict(config)
+    # Before anything compiles; the CPUs are those Ray reserved for this trial.
+    use_compile_env(compile_env(ray.get_runtime_context().get_assigned_resources().get("CPU"), spec.cache_dir))
     if spec.repeat_of is not None:  # dedupe: this architecture was trained already
         tune.report({**spec.recorded, "final": True})
         return

@@ -65,3 +65,28 @@ def test_a_micro_batch_that_does_not_fit_halves_during_the_warm_up(wiki_slice, m
     result = cram(ARCH, TRAIN, wiki_slice, Budget.parse(f"{8 * 8 * SLICE_SEQ}tokens"))
     assert result.compiled and result.oom_halvings == 1 and result.final_micro_batch == 4
     assert result.tokens == 8 * 8 * SLICE_SEQ  # the batch of 8 rows kept, in two micro-batches
+
+
+def test_every_layer_reuses_one_compiled_block_graph(wiki_slice, monkeypatch):
+    """Issue 20 §3: the trainer compiles a block, not the whole model, so a deeper model costs no
+    more graphs to compile than a one-layer one; and only the blocks are compiled (validation runs
+    eager: its graphs would be counted too)."""
+    graphs = {}
+    for layers in (1, 4):
+        backend = CountingBackend()
+        monkeypatch.setattr(loop, "COMPILE_BACKEND", backend)
+        result = cram(ARCH.replace(layers=layers), TRAIN, wiki_slice, Budget.parse(f"{16 * SLICE_SEQ}tokens"))
+        assert result.compiled
+        graphs[layers] = backend.graphs
+    assert graphs[1] == graphs[4] == 1, graphs
+
+
+def test_the_trainer_compiles_each_block_with_fullgraph(wiki_slice, monkeypatch):
+    calls = []
+    original = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile",
+                        lambda module, **kwargs: (calls.append((type(module).__name__, kwargs.get("fullgraph"))),
+                                                  original(module, **kwargs)))
+    monkeypatch.setattr(loop, "COMPILE_BACKEND", CountingBackend())
+    cram(ARCH.replace(layers=3), TRAIN, wiki_slice, Budget.parse(f"{16 * SLICE_SEQ}tokens"))
+    assert calls == [("Block", True)] * 3

@@ -46,6 +46,9 @@ def corruption_kind(ids: torch.Tensor, labels: torch.Tensor, mask_id: int) -> to
     return torch.where(ids == mask_id, 0, torch.where(ids == labels, 2, 1))
 
 
+# Eager even when the trainer compiled the model's blocks in place (`Trainer.compiled`): validation's
+# batch, padding and eval mode differ from training's, and each would compile the blocks again.
+@torch.compiler.set_stance("force_eager")
 @torch.no_grad()
 def validation_losses(model: CrammedBert, data: PretrainData, device: torch.device) -> tuple[float, dict[str, float]]:
     """Mean MLM loss over the fixed validation mask's predicted positions, and the same mean over

@@ -1,0 +1,158 @@
+"""What a study costs before it starts (issue 20 §5): `search.estimate`'s arithmetic, the
+`--estimate` flag end to end, the CPUs a GPU trial gets from its node, and the Inductor settings a
+trial compiles with (§3)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from search.estimate import Costs, asha_rungs, asha_shares, estimate, progress_reports
+from search.resources import auto_cpus_per_trial
+from search.trial import compile_env, use_compile_env
+from space.errors import UsageError
+from tests.helpers import ROOT, SHARED_DATA, cli_env, requires_shared_data
+from trainer.budget import Budget
+
+COSTS = Costs(startup_s=20, compile_s=20, probe_task_s=15, tokens_per_s=5e5, flops_per_s=4.8e10)
+
+
+@pytest.mark.parametrize(("grace", "factor", "max_t"), [(4, 2, 17), (2, 3, 17), (1, 2, 9), (4, 3, 33), (3, 4, 17)])
+def test_rungs_are_the_ones_ray_builds(grace, factor, max_t):
+    from ray.tune.schedulers.async_hyperband import _Bracket
+
+    ray_rungs = sorted(milestone for milestone, _ in _Bracket(grace, max_t, factor, 0)._rungs)
+    assert asha_rungs(grace, factor, max_t) == ray_rungs
+
+
+def test_progress_reports_follow_report_every():
+    assert progress_reports(1 / 16) == 16
+    assert progress_reports(0.25) == 4
+    assert progress_reports(0.3) == 4  # .3, .6, .9 and the end
+
+
+def test_asha_shares_of_the_old_and_the_new_gpu_rungs():
+    # 4/16, 8/16, 16/16 halving: all train a quarter, half go on to a half, a quarter to the end;
+    # the rung at the last report stops half of those after their training, before their probe.
+    assert asha_shares([4, 8, 16], 16, 2) == pytest.approx((0.25 + 0.5 * 0.25 + 0.25 * 0.5, 1 / 8))
+    # 2/16 and 6/16 keeping a third: 2/16 + 4/16 / 3 + 10/16 / 9.
+    assert asha_shares([2, 6], 16, 3) == pytest.approx((2 / 16 + 4 / 48 + 10 / 144, 1 / 9))
+    assert asha_shares([2, 6, 18], 16, 3) == asha_shares([2, 6], 16, 3)  # a rung past the end stops nothing
+
+
+def study(**changes):
+    settings = dict(trials=200, budget=Budget.parse("5m"), costs=COSTS, compile_model=True, report_every=1 / 16,
+                    early_stop={"grace_reports": 2, "reduction_factor": 3}, probe_tasks=5,
+                    probe_seconds_per_task=60.0, resources={"cpu": 8, "gpu": 1}, concurrent=1, name="gpu.yaml")
+    return estimate(**{**settings, **changes})
+
+
+def test_a_gpu_study_costs_its_trials_device_seconds():
+    trained, probed = asha_shares([2, 6], 16, 3)
+    per_trial = 20 + 20 + trained * 300 + probed * 5 * (60 + 15)
+    result = study()
+    assert result.device_hours == pytest.approx(200 * per_trial / 3600)
+    assert result.probed == pytest.approx(200 / 9)
+    assert result.line() == f"estimate: 200 trials, {200 * per_trial / 3600:.1f} GPU-hours " \
+                            f"({200 * per_trial / 3600:.1f} hours on 1 GPU), 22 trials probed"
+
+
+def test_eight_gpus_divide_the_hours_not_the_gpu_hours():
+    one, eight = study(), study(concurrent=8)
+    assert eight.device_hours == one.device_hours and eight.wall_hours == pytest.approx(one.device_hours / 8)
+    assert "on 8 GPUs" in eight.line()
+
+
+def test_without_asha_compile_or_probe():
+    result = study(early_stop=None, compile_model=False, probe_tasks=0)
+    assert result.device_hours == pytest.approx(200 * (20 + 300) / 3600) and result.probed == 0
+
+
+def test_a_cpu_study_counts_cpu_hours_and_prices_flops_at_the_recorded_speed():
+    result = study(budget=Budget.parse("1e13flops"), compile_model=False, resources={"cpu": 1, "gpu": 0}, concurrent=2,
+                   early_stop={"grace_reports": 4, "reduction_factor": 2}, probe_tasks=3, probe_seconds_per_task=5.0)
+    per_trial = 20 + 0.5 * 1e13 / 4.8e10 + (3 * (5 + 15)) / 8
+    assert result.kind == "CPU" and result.device_hours == pytest.approx(200 * per_trial / 3600)
+    assert result.wall_hours == pytest.approx(result.device_hours / 2)
+
+
+def test_a_token_budget_without_a_recorded_speed_names_the_cost_to_add():
+    with pytest.raises(UsageError, match=r"costs\.tokens_per_s in gpu\.yaml"):
+        study(budget=Budget.parse("2e8tokens"), costs=Costs(20, 20, 15))
+
+
+@pytest.mark.parametrize(("costs", "message"), [
+    (None, "gpu.yaml has no costs section"),
+    ({"startup_s": 1, "compile_s": 1}, "costs lacks probe_task_s"),
+    ({"startup_s": 1, "compile_s": 1, "probe_task_s": 1, "tokens_per_s": "5e5"}, r"write 5\.0e\+5"),
+    ({"startup_s": 1, "compile_s": 1, "probe_task_s": 1, "speed": 3}, "costs.speed is not a cost"),
+])
+def test_a_bad_costs_section_is_one_line_naming_the_key(costs, message):
+    with pytest.raises(UsageError, match=message):
+        Costs.from_profile({} if costs is None else {"costs": costs}, "gpu.yaml")
+
+
+@pytest.mark.parametrize(("cpus", "gpus", "per_trial", "expected"), [
+    (32, 1, 1, 8),    # one H200 on 32 vCPUs: the cap
+    (48, 8, 1, 6),    # 6 per GPU: all eight GPUs busy, not five
+    (16, 8, 1, 2),
+    (4, 8, 1, 1),     # fewer CPUs than GPUs: at least one
+    (16, 1, 0.5, 8),  # two trials on the GPU: 8 each
+    (2, 0, 1, 2),     # no GPU here (an estimate on a laptop): what there is, capped
+])
+def test_auto_cpus_per_trial_shares_the_node_between_its_gpus(cpus, gpus, per_trial, expected):
+    assert auto_cpus_per_trial(cpus, gpus, per_trial) == expected
+
+
+def test_auto_cpus_come_from_this_machine_or_from_the_cluster_once_ray_is_up(monkeypatch, tmp_path):
+    import search.run as run
+
+    monkeypatch.setattr(run, "local_gpus", lambda: 4)
+    monkeypatch.setattr("os.cpu_count", lambda: 24)
+    assert run.check_inputs(run.parse_args(["--profile", "gpu"])).resources == {"cpu": 6, "gpu": 1}
+    assert run.check_inputs(run.parse_args(["--profile", "gpu", "--address", "auto"])).resources["cpu"] is None
+    profile = tmp_path / "eight.yaml"
+    profile.write_text((ROOT / "search" / "profiles" / "gpu.yaml").read_text().replace("cpus_per_trial: auto",
+                                                                                      "cpus_per_trial: eight"))
+    with pytest.raises(UsageError, match=r"eight\.yaml: resources\.cpus_per_trial must be a number of at least 0 or auto"):
+        run.check_inputs(run.parse_args(["--profile", str(profile)]))
+
+
+def test_a_trial_compiles_with_its_cpus_and_the_nodes_shared_cache(tmp_path, monkeypatch):
+    import torch._inductor.config as inductor_config
+
+    env = compile_env(8.0, str(tmp_path))
+    assert env == {"TORCHINDUCTOR_COMPILE_THREADS": "8", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    monkeypatch.setenv("CRAMNAS_CACHE", str(tmp_path / "root"))
+    assert compile_env(None, None) == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "root" / "inductor")}
+    monkeypatch.setattr(inductor_config, "compile_threads", 32)
+    for name in env:  # restored after the test: use_compile_env writes os.environ
+        monkeypatch.setenv(name, "before")
+    use_compile_env(compile_env(3, str(tmp_path)))
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    assert inductor_config.compile_threads == 3 and cache_dir() == str(tmp_path / "inductor")
+
+
+def run_estimate(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "search.run", "--trials", "200", "--estimate", *flags],
+                          cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=600)
+
+
+@requires_shared_data
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_estimate_prints_one_line_and_starts_nothing(tmp_path):
+    done = run_estimate("--profile", "gpu", "--data", str(SHARED_DATA), "--max-concurrent", "4",
+                        "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--cache-dir", str(tmp_path / "cache"))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("estimate: 200 trials, ")
+    assert "GPU-hours" in lines[0] and "on 4 GPUs" in lines[0]
+    hours = float(lines[0].split(", ")[1].split()[0])
+    assert hours <= 10.0  # the GPU profile's study fits 10 H200-hours (issue 20 §5)
+    assert list(tmp_path.iterdir()) == []  # no store opened, no data prepared
+    bad = run_estimate("--profile", "gpu", "--data", str(SHARED_DATA), "--budget", "5 minutes")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: budget: ") and bad.stdout == ""
