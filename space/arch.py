@@ -223,7 +223,8 @@ class ArchConfig:
 
     def describe(self) -> str:
         """The architecture in one short line, the choices that most tell models apart:
-        `4x256/4h geglu pre-norm rotary` (layers x hidden / heads, FFN, norm placement, positions)."""
+        `4x256/4h geglu pre-norm rotary` (layers x hidden / heads, FFN, norm placement, positions),
+        then `window 16/global every 3` when layers attend locally."""
         line = (f"{self.layers}x{self.hidden}/{self.heads}h {self.ffn_kind} {self.norm_placement}-norm "
                 f"{self.position}")
         return line + (f" window {self.local_window}/global every {self.global_every}" if self.local_window else "")
