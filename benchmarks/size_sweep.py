@@ -25,7 +25,7 @@ from trainer.corpus import CorpusSource
 from trainer.cram import cram
 from trainer.data import prepare_data
 
-SIZES = ("1x64", "1x128", "2x64", "2x128", "3x96", "4x128")
+SIZES = ("1x32", "1x64", "1x128", "2x64", "2x128", "3x96", "4x128")
 
 
 def sized(base: ArchConfig, size: str) -> ArchConfig:
