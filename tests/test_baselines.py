@@ -26,6 +26,7 @@ from tests.dashboard_study import UNIGRAM_FLOOR, scratch_store, write_confirmati
 from tests.dashboard_study import write_study as write_synthetic_study
 from tests.helpers import CONFIGS, SLICE_SEQ, SLICE_VOCAB, requires_shared_data
 from trainer.config import load_run_config
+from trainer.model import CrammedBert
 
 PROBE_SCORE = Score(OBJECTIVES["probe"])
 # Today's designs (issue 19): each at its crammed-bert counterpart's scale, with its training recipe.
@@ -128,14 +129,12 @@ def test_unknown_baseline_or_top_0_alone_is_one_line_before_any_training(tmp_pat
 
 @pytest.mark.parametrize("name", TODAYS)
 def test_todays_baselines_build_with_the_counted_parameters_and_the_crammed_recipe(name):
-    from trainer.model import CrammedBert
-
     (baseline,) = search.confirm.load_baselines(name)
     arch = ArchConfig.from_dict(baseline.arch)
     assert CrammedBert(arch).num_params() == arch.num_params()
-    crammed = yaml.safe_load((CONFIGS / f"{TODAYS[name]}.yaml").read_text())
-    assert baseline.train == load_run_config(CONFIGS / f"{TODAYS[name]}.yaml").train.to_dict()
-    assert (arch.vocab_size, arch.max_seq_len) == (crammed["arch"]["vocab_size"], crammed["arch"]["max_seq_len"])
+    crammed = load_run_config(CONFIGS / f"{TODAYS[name]}.yaml")
+    assert baseline.train == crammed.train.to_dict()
+    assert (arch.vocab_size, arch.max_seq_len) == (crammed.arch.vocab_size, crammed.arch.max_seq_len)
     assert arch.position == "rotary" and not (arch.qkv_bias or arch.attn_out_bias or arch.ffn_bias)
 
 
