@@ -85,6 +85,11 @@ class ArchConfig:
     init_std: float = 0.02
     max_seq_len: int = 128
     vocab_size: int = 32768
+    # Sliding-window attention (Longformer; ModernBERT's alternation): a local layer's query sees the
+    # keys at most `local_window` tokens away on each side; 0 makes every layer global. Layer i is
+    # global when i % global_every == 0, as ModernBERT (global_every 3: layers 0, 3, 6, ...).
+    local_window: int = 0
+    global_every: int = 1
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -105,6 +110,12 @@ class ArchConfig:
         for name in ("ffn_mult", "norm_eps", "init_std"):
             if getattr(self, name) <= 0:
                 raise ArchError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.local_window < 0:
+            raise ArchError(f"local_window: must not be negative, got {self.local_window}; write 0 for global "
+                            f"attention in every layer, or the tokens each side a local layer sees")
+        if self.global_every < 1:
+            raise ArchError(f"global_every: must be at least 1, got {self.global_every}; write 1 for every layer "
+                            f"global, or ModernBERT's 3 (every third layer global)")
         if self.hidden % self.heads:
             raise ArchError(f"heads: hidden={self.hidden} is not divisible by heads={self.heads}; "
                             f"choose heads that divide hidden")
@@ -136,6 +147,14 @@ class ArchConfig:
     def norms_per_layer(self) -> int:
         return 4 if self.norm_placement == "sandwich" else 2
 
+    def is_global(self, layer: int) -> bool:
+        """Whether layer `layer` (from 0) attends over the whole row rather than a local window."""
+        return self.local_window == 0 or layer % self.global_every == 0
+
+    def keys_per_query(self, layer: int, seq_len: int) -> int:
+        """Keys each query of layer `layer` attends to in a row of `seq_len` tokens."""
+        return seq_len if self.is_global(layer) else min(seq_len, 2 * self.local_window + 1)
+
     # ---- counts ----------------------------------------------------------------------------
     def num_params(self) -> int:
         """Trainable parameters (tied embeddings counted once); equals the built model's count."""
@@ -158,17 +177,21 @@ class ArchConfig:
         """Training FLOPs per input token: forward + backward = 3 x forward (Kaplan et al. 2020).
 
         Forward counts 2 FLOPs per multiply-add of every matmul: the layer weights, the attention
-        scores and their weighted sum (2 x seq_len x hidden each), the head transform and the
-        vocabulary projection. Under sparse prediction the head runs on `mlm_rate` of the tokens
-        only. Embedding lookups, norms, activations and softmax are ignored (<2%).
+        scores and their weighted sum (2 x keys x hidden each, keys = seq_len in a global layer and
+        min(seq_len, 2 x local_window + 1) in a local one), the head transform and the vocabulary
+        projection. Under sparse prediction the head runs on `mlm_rate` of the tokens only.
+        Embedding lookups, norms, activations and softmax are ignored (<2%). Local layers count the
+        keys in their window, what a sliding-window kernel computes; trainer.model's masked dense
+        attention computes every score, so on it they cost as global ones.
         """
         t = seq_len or self.max_seq_len
         h, i = self.hidden, self.ffn_inner
         up = 2 * i if self.gated else i
-        layer = 2 * (4 * h * h + h * up + i * h) + 2 * 2 * t * h
+        weights = 2 * (4 * h * h + h * up + i * h)
+        attention = sum(2 * 2 * self.keys_per_query(layer, t) * h for layer in range(self.layers))
         predicted = mlm_rate if self.sparse_prediction else 1.0
         head = predicted * (2 * h * h * self.head_transform + 2 * h * self.vocab_size)
-        return 3.0 * (self.layers * layer + head)
+        return 3.0 * (self.layers * weights + attention + head)
 
     def derived(self) -> dict[str, float]:
         """Quantities a search-space constraint may name besides the fields themselves."""
@@ -200,14 +223,21 @@ class ArchConfig:
 
     def describe(self) -> str:
         """The architecture in one short line, the choices that most tell models apart:
-        `4x256/4h geglu pre-norm rotary` (layers x hidden / heads, FFN, norm placement, positions)."""
-        return (f"{self.layers}x{self.hidden}/{self.heads}h {self.ffn_kind} {self.norm_placement}-norm "
+        `4x256/4h geglu pre-norm rotary` (layers x hidden / heads, FFN, norm placement, positions),
+        then `window 16/global every 3` when layers attend locally."""
+        line = (f"{self.layers}x{self.hidden}/{self.heads}h {self.ffn_kind} {self.norm_placement}-norm "
                 f"{self.position}")
+        return line + (f" window {self.local_window}/global every {self.global_every}" if self.local_window else "")
 
     def fingerprint(self) -> str:
         """Short stable hash of every field: same in every process and Python hash seed."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        # Fields added after studies and runs had recorded fingerprints are hashed only when they
+        # differ from their default, so an architecture that existed before keeps its name.
+        named = {k: v for k, v in self.to_dict().items() if not (k in _LATER_FIELDS and v == _DEFAULTS[k])}
+        canonical = json.dumps(named, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
 FIELD_TYPES: dict[str, str] = {f.name: f.type for f in fields(ArchConfig)}
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(ArchConfig)}
+_LATER_FIELDS = ("local_window", "global_every")  # see fingerprint()

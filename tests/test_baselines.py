@@ -25,8 +25,13 @@ from tests.confirm_study import BUDGET, SEEDS, TRAIN, tiny_arch, write_study
 from tests.dashboard_study import UNIGRAM_FLOOR, scratch_store, write_confirmations
 from tests.dashboard_study import write_study as write_synthetic_study
 from tests.helpers import CONFIGS, SLICE_SEQ, SLICE_VOCAB, requires_shared_data
+from trainer.config import load_run_config
+from trainer.model import CrammedBert
 
 PROBE_SCORE = Score(OBJECTIVES["probe"])
+# Today's designs (issue 19): each at its crammed-bert counterpart's scale, with its training recipe.
+TODAYS = {"neobert-cpu": "crammed-bert-cpu", "modernbert-cpu": "crammed-bert-cpu", "sized-cpu": "crammed-bert-cpu",
+          "neobert": "crammed-bert", "modernbert": "crammed-bert"}
 
 
 def runs_of(uri: str, study: str, kind: str) -> list:
@@ -115,10 +120,30 @@ def test_unknown_baseline_or_top_0_alone_is_one_line_before_any_training(tmp_pat
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
     assert "--baselines" in captured.err and "'bert-nope'" in captured.err
     assert "crammed-bert-cpu" in captured.err and "bert-original-cpu" in captured.err  # the names to choose from
+    assert all(name in captured.err for name in TODAYS)
     assert main(["--study", "u", "--tracking-uri", uri, "--top", "0"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--top" in err and "--baselines" in err
     assert runs_of(uri, "u", "baseline") == []
+
+
+@pytest.mark.parametrize("name", TODAYS)
+def test_todays_baselines_build_with_the_counted_parameters_and_the_crammed_recipe(name):
+    (baseline,) = search.confirm.load_baselines(name)
+    arch = ArchConfig.from_dict(baseline.arch)
+    assert CrammedBert(arch).num_params() == arch.num_params()
+    crammed = load_run_config(CONFIGS / f"{TODAYS[name]}.yaml")
+    assert baseline.train == crammed.train.to_dict()
+    assert (arch.vocab_size, arch.max_seq_len) == (crammed.arch.vocab_size, crammed.arch.max_seq_len)
+    assert arch.position == "rotary" and not (arch.qkv_bias or arch.attn_out_bias or arch.ffn_bias)
+
+
+def test_modernbert_alternates_local_and_global_layers():
+    for name in ("modernbert-cpu", "modernbert"):
+        arch = load_run_config(CONFIGS / f"{name}.yaml").arch
+        kinds = [arch.is_global(layer) for layer in range(arch.layers)]
+        assert kinds[0] and not all(kinds) and kinds[::3] == [True] * len(kinds[::3])
+        assert 0 < 2 * arch.local_window + 1 < arch.max_seq_len  # the window restricts
 
 
 # ---- the analysis ------------------------------------------------------------------------------

@@ -35,13 +35,17 @@ PAIRS = [("the fox sleeps", "a cat jumps over the dog"), ("models learn words", 
 SMALL = dict(layers=2, hidden=32, heads=4, max_seq_len=64)
 
 # Every position scheme, each norm placement, rmsnorm, gated and plain FFNs, every bias, dense and
-# sparse prediction: the exported model must give cramnas's logits for each.
+# sparse prediction, local attention: the exported model must give cramnas's logits for each.
 VARIANTS = {
     "crammed": {},
     "learned": dict(position="learned"),
     "sinusoidal": dict(position="sinusoidal", norm_placement="post"),
     "rotary": dict(position="rotary", ffn_kind="swiglu", norm_kind="rmsnorm"),
     "alibi": dict(position="alibi", norm_placement="sandwich"),
+    # ModernBERT's: layer 1 sees 2 tokens each side, far less than the sentences (the mask is a buffer
+    # transformers leaves unset on the meta device: the export must rebuild it).
+    "sliding-window": dict(position="rotary", local_window=2, global_every=2, norm_bias=False, head_transform=True,
+                           decoder_bias=True),
     "none": dict(position="none", ffn_kind="relu2", final_norm=False, embedding_norm=False),
     "all-biases-untied": dict(qkv_bias=True, attn_out_bias=True, ffn_bias=True, decoder_bias=True, norm_bias=False,
                               tie_embeddings=False, head_transform=True, segment_embeddings=True,

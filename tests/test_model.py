@@ -30,6 +30,7 @@ def variants() -> list:
         if kind == "bool":
             flipped = not getattr(TINY, field)
             out.append(pytest.param(TINY.replace(**{field: flipped}), id=f"{field}={flipped}"))
+    out.append(pytest.param(TINY.replace(local_window=2, global_every=2), id="local_window=2"))
     return out
 
 
@@ -76,6 +77,14 @@ def test_fully_padded_row_gives_no_nan(position, placement):
     mask[0] = 0  # a row with nothing to attend to
     hidden = model.encode(ids, attention_mask=mask)
     assert torch.isfinite(hidden).all()
+
+
+def test_a_padded_row_under_a_window_gives_no_nan():
+    model = M.CrammedBert(WINDOWED).eval()
+    ids, _ = batch(WINDOWED, b=2)
+    mask = torch.ones_like(ids)
+    mask[0], mask[1, 4:] = 0, 0  # nothing to attend to; padding beyond a query's window
+    assert torch.isfinite(model.encode(ids, attention_mask=mask)).all()
 
 
 def test_padding_does_not_change_unpadded_tokens():
@@ -147,6 +156,50 @@ def test_flops_formula_matches_counted_matmul_flops(sparse):
     attention = arch.layers * 2 * (2 * 32 * arch.hidden)
     forward_per_token = counter.get_total_flops() / ids.numel() + attention
     assert model.flops_per_token(32, mlm_rate=0.25) / 3 == pytest.approx(forward_per_token, rel=0.02)
+
+
+def test_flops_count_the_keys_in_each_local_window():
+    arch = ArchConfig(layers=3, hidden=64, heads=4, vocab_size=512, max_seq_len=32)
+    windowed = arch.replace(local_window=4, global_every=3)  # layer 0 global, layers 1 and 2 local
+    assert [windowed.is_global(layer) for layer in range(3)] == [True, False, False]
+    # Each local layer's scores and weighted sum see 9 keys per query instead of 32.
+    saved = 2 * 3.0 * (2 * 2 * (32 - 9) * arch.hidden)
+    assert arch.flops_per_token(32) - windowed.flops_per_token(32) == pytest.approx(saved)
+    assert arch.replace(local_window=16, global_every=3).flops_per_token(32) == arch.flops_per_token(32)  # 33 >= 32
+    assert windowed.num_params() == arch.num_params()
+
+
+WINDOWED = TINY.replace(layers=3, local_window=2, global_every=3, position="rotary")
+
+
+def test_global_models_build_no_window():
+    assert M.CrammedBert(TINY).window is None
+    # The mask is not a weight: a windowed model's state dict is a global one's.
+    assert M.CrammedBert(WINDOWED).state_dict().keys() == M.CrammedBert(WINDOWED.replace(local_window=0)).state_dict().keys()
+
+
+def test_a_window_over_the_whole_row_is_global_attention():
+    ids, _ = batch(WINDOWED, t=TINY.max_seq_len)
+    torch.manual_seed(0)
+    windowed = M.CrammedBert(WINDOWED.replace(local_window=TINY.max_seq_len - 1)).eval()
+    full = M.CrammedBert(WINDOWED.replace(local_window=0)).eval()
+    full.load_state_dict(windowed.state_dict())
+    torch.testing.assert_close(windowed(ids)[0], full(ids)[0], atol=1e-6, rtol=1e-6)
+    small = M.CrammedBert(WINDOWED).eval()
+    small.load_state_dict(windowed.state_dict())
+    assert (small(ids)[0] - full(ids)[0]).abs().max() > 1e-3  # a window that restricts changes the logits
+
+
+def test_a_local_layer_sees_only_its_window():
+    torch.manual_seed(0)
+    model = M.CrammedBert(WINDOWED).eval()
+    local = model.blocks[1]  # layer 1 of 3 with global_every 3: local
+    t, query = 16, 8
+    x = torch.randn(1, t, WINDOWED.hidden, requires_grad=True)
+    mask = model.window.restrict(None, t, x.dtype)
+    local(x, model.positions, mask)[0, query].sum().backward()
+    reaches = x.grad[0].abs().sum(-1) > 0
+    assert reaches.tolist() == [abs(key - query) <= WINDOWED.local_window for key in range(t)]
 
 
 @pytest.mark.parametrize("padding", [False, True])

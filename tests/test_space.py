@@ -246,3 +246,29 @@ def test_describe_names_the_choices_that_tell_models_apart():
     arch = ArchConfig(layers=4, hidden=256, heads=4, ffn_kind="swiglu", norm_placement="post", position="rotary")
     assert arch.describe() == "4x256/4h swiglu post-norm rotary"
     assert ArchConfig().describe() == "16x768/12h geglu pre-norm scaled_sinusoidal"
+    assert arch.replace(local_window=16, global_every=3).describe() == \
+        "4x256/4h swiglu post-norm rotary window 16/global every 3"
+
+
+def test_a_space_may_search_sliding_window_attention(tmp_path):
+    space = load_space(write(tmp_path, """
+name: windows
+fixed: {vocab_size: 1000, max_seq_len: 64, hidden: 64, heads: 2}
+params:
+  layers: {int: [1, 4]}
+  local_window: {choice: [0, 8, 16]}
+  global_every: {choice: [2, 3], when: "local_window > 0"}
+"""))
+    configs = [space.sample_random(random.Random(seed)) for seed in range(60)]
+    assert {c.local_window for c in configs} == {0, 8, 16}
+    assert {c.global_every for c in configs if c.local_window} == {2, 3}
+    assert {c.global_every for c in configs if not c.local_window} == {1}  # not drawn: the default
+
+
+def test_fingerprints_of_architectures_from_before_windows_are_unchanged():
+    # Recorded by studies and MLflow runs before local_window and global_every existed.
+    assert ArchConfig().fingerprint() == "9325c88d2659"
+    small = ArchConfig(layers=2, hidden=128, heads=2, vocab_size=2048, max_seq_len=64, position="rotary")
+    assert small.fingerprint() == "c3d6356204ac"
+    assert small.replace(local_window=16, global_every=3).fingerprint() not in ("c3d6356204ac",
+                                                                                 small.replace(local_window=16).fingerprint())

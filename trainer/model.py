@@ -156,6 +156,28 @@ POSITIONS = {
     "alibi": AlibiPositions,
 }
 
+
+class SlidingWindow(nn.Module):
+    """The additive mask of local attention layers: 0 where |query - key| <= local_window, -inf
+    beyond. Built once for max_seq_len rows and sliced, so its shape is static; a query always sees
+    itself, so no row is all -inf (nor, with padding's finite minimum added, NaN after softmax)."""
+
+    def __init__(self, arch: ArchConfig):
+        super().__init__()
+        self.register_buffer("bias", window_bias(arch.max_seq_len, arch.local_window), persistent=False)
+
+    def restrict(self, mask: torch.Tensor | None, seq_len: int, dtype: torch.dtype) -> torch.Tensor:
+        """`mask` (padding and ALiBi's, or None) with the window added."""
+        window = self.bias[:seq_len, :seq_len].to(dtype)
+        return window if mask is None else mask + window
+
+
+def window_bias(seq_len: int, window: int) -> torch.Tensor:
+    pos = torch.arange(seq_len)
+    far = (pos[None, :] - pos[:, None]).abs() > window
+    return torch.zeros(seq_len, seq_len).masked_fill(far, float("-inf"))
+
+
 # ---------------------------------------------------------------------------------------------
 # Attention and feed-forward sublayers
 # ---------------------------------------------------------------------------------------------
@@ -354,6 +376,8 @@ class CrammedBert(nn.Module):
         self.arch = arch
         self.embeddings = Embeddings(arch, POSITIONS[arch.position](arch), dropout)
         self.blocks = nn.ModuleList(Block(arch, dropout) for _ in range(arch.layers))
+        # Only models with local layers have one: the others build no mask, as before windows existed.
+        self.window = SlidingWindow(arch) if arch.local_window else None
         self.final_norm = make_norm(arch) if arch.final_norm else nn.Identity()
         self.head = PredictionHead(arch, self.embeddings.tokens)
         self.apply(self._init_weights)
@@ -375,9 +399,10 @@ class CrammedBert(nn.Module):
         alibi = self.positions.attention_bias(input_ids.shape[1])
         if alibi is not None:
             mask = alibi.to(x.dtype) if mask is None else mask + alibi.to(x.dtype)
+        local_mask = mask if self.window is None else self.window.restrict(mask, input_ids.shape[1], x.dtype)
         positions = self.positions
-        for block in self.blocks:
-            x = block(x, positions, mask)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, positions, mask if self.arch.is_global(layer) else local_mask)
         return self.final_norm(x)
 
     def mlm_logits(self, hidden: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:

@@ -360,6 +360,8 @@ def check_same_run(saved: dict, current: dict, where: Path) -> None:
     """One line naming the first setting in which `current` (arch, train, budget, data fingerprint)
     differs from the run `saved` at checkpoint `where`: a resumed run must be the same run."""
     fix = "resume with the run's own settings (leave out --config, --budget, --seed, --data) or start a new --out"
+    # A run saved before an architecture field existed was trained with the field's default.
+    saved = {**saved, "arch": {**ArchConfig().to_dict(), **saved["arch"]}}
     for section in ("arch", "train"):
         for key in sorted(set(saved[section]) | set(current[section])):
             was, now = saved[section].get(key), current[section].get(key)

@@ -14,7 +14,12 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
 from trainer.hf_remote.configuration_crammed_bert import CrammedBertConfig
-from trainer.model import POSITIONS, ClassificationHead, CrammedBert, NoPositions, RMSNorm
+from trainer.model import POSITIONS, ClassificationHead, CrammedBert, NoPositions, RMSNorm, SlidingWindow
+
+
+def copy_buffers(fresh: nn.Module, module: nn.Module) -> None:
+    for name, buffer in fresh.named_buffers():
+        module.get_buffer(name).copy_(buffer)
 
 
 class CrammedBertPreTrainedModel(PreTrainedModel):
@@ -30,9 +35,9 @@ class CrammedBertPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         """What CrammedBert's constructor does, for a module transformers left uninitialised.
 
-        transformers builds the model on the meta device and loads the weights; a new head's layers
-        and the position tables (non-persistent buffers, never saved) are made here. transformers
-        guards `nn.init`, so weights that were loaded are left as they are.
+        transformers builds the model on the meta device and loads the weights; a new head's layers,
+        the position tables and the sliding-window mask (non-persistent buffers, never saved) are
+        made here. transformers guards `nn.init`, so weights that were loaded are left as they are.
         """
         if isinstance(module, (nn.Linear, nn.Embedding)):
             self.crammed._init_weights(module)
@@ -41,9 +46,9 @@ class CrammedBertPreTrainedModel(PreTrainedModel):
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, NoPositions):
-            fresh = POSITIONS[self.config.position](self.config.arch)
-            for name, buffer in fresh.named_buffers():
-                module.get_buffer(name).copy_(buffer)
+            copy_buffers(POSITIONS[self.config.position](self.config.arch), module)
+        elif isinstance(module, SlidingWindow):
+            copy_buffers(SlidingWindow(self.config.arch), module)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.crammed.embeddings.tokens
