@@ -457,3 +457,17 @@ def paired_differences(runs: pd.DataFrame, best: str | None, baselines: list[str
                         "best_ahead": ahead,
                         "outside_noise": None if not ci.has_interval else bool(ci.low > 0 or ci.high < 0)})
     return pd.DataFrame(records, columns=columns)
+
+
+def paired_verdict(row, score: Score) -> str:
+    """A row of `paired_differences` in words: which side won, by how much and whether beyond the
+    noise, e.g. `search better by 1.99 nats, outside noise (the 95% interval excludes 0)`."""
+    if not row.n:
+        return "no seed trained by both: nothing to compare"
+    amount = f"{abs(row.mean):.3g} nats" if score.column == LOSS else f"{abs(row.mean):.3g} in {score.label}"
+    lead = "a tie" if row.mean == 0 else f"{'search' if row.best_ahead else 'baseline'} better by {amount}"
+    if row.outside_noise is None:
+        return f"{lead} on one pair of seeds: no interval to judge the noise"
+    if row.outside_noise:
+        return f"{lead}, outside noise (the 95% interval excludes 0)"
+    return f"{lead}, within noise (the 95% interval contains 0)"

@@ -49,6 +49,7 @@ from dashboards.analysis import STATE_COLUMN, top_k
 from dashboards.data import StudyData, load_study
 from dashboards.report import write_report
 from dashboards.ui import LOOPBACK
+from search.next_steps import report_path
 from search.objectives import OBJECTIVES
 from search.retry import first_line
 from space.errors import CramnasError, UsageError
@@ -300,7 +301,7 @@ def capture(study: str, out_dir: Path, tracking_uri: str | None = None, chromium
     out_dir.mkdir(parents=True, exist_ok=True)
     port = ui.free_port()  # chosen now, so that the report's run links point at the UI started below
     # Not logged to the study run: taking pictures of a study must not change it.
-    report = write_report(data, out_dir / "report.html", ui_url=f"http://{LOOPBACK}:{port}", log_artifact=False)
+    report = write_report(data, out_dir / report_path(study), ui_url=f"http://{LOOPBACK}:{port}", log_artifact=False)
     log(f"wrote {report}")
     shots = []
     with open_browser(executable) as browser:
@@ -336,7 +337,7 @@ def _best_trial(data: StudyData) -> pd.Series | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dashboards.screenshots", description=__doc__.splitlines()[0])
     parser.add_argument("--study", required=True, help="the study's name (its MLflow experiment)")
-    parser.add_argument("--out-dir", default="screenshots", help="where the PNGs and report.html go (default screenshots/)")
+    parser.add_argument("--out-dir", default="screenshots", help="where the PNGs and report-<study>.html go (default screenshots/)")
     parser.add_argument("--tracking-uri", help="default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     parser.add_argument("--chromium", help="the Chromium binary (default: chromium on PATH)")
     args = parser.parse_args(argv)

@@ -20,6 +20,7 @@ from pathlib import Path
 import optuna
 
 from search import controllers
+from search.next_steps import data_settings
 from search.retry import Retry, TrackingUnavailable
 from search.run import StudyPlan
 from search.searcher import CramnasSearcher
@@ -124,6 +125,8 @@ def run_study(plan: StudyPlan) -> int:
         "controller": plan.controller, "objective": plan.objective.name, "space": str(plan.space_path),
         "budget": plan.budget.text, "trials": plan.trials, "code_version": _code_version(),
         "train": train, **probe_settings(plan),
+        # Where the data came from, so that the next commands can say it again (search.next_steps).
+        **data_settings(plan.template.data_dir, plan.template.corpus, plan.template.cache_dir),
         # A property of the prepared data, so the study's once (tag and param): the report's header reads it.
         **({"unigram_floor": round(plan.unigram_floor, 4)} if plan.unigram_floor is not None else {}),
     })
