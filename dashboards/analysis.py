@@ -309,7 +309,7 @@ def confirmation_ranking(confirmations: pd.DataFrame, trials: pd.DataFrame, scor
     `low`, `high` (95% interval over seeds), `below_mean`, `below_low`, `below_high` (the same for
     the nats below the unigram floor), `rank`."""
     runs = prepare(confirmations) if "state" not in confirmations else confirmations
-    runs = runs.assign(original_trial=_original_trials(runs, trials))
+    runs = runs.assign(original_trial=original_trials(runs, trials))
     records = []
     for number, group in runs.dropna(subset=["original_trial"]).groupby("original_trial"):
         trial = trials[trials["trial"] == int(number)]
@@ -328,7 +328,7 @@ def confirmation_ranking(confirmations: pd.DataFrame, trials: pd.DataFrame, scor
     return table
 
 
-def _original_trials(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.Series:
+def original_trials(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.Series:
     """The trial each confirmation run re-trained. It is named twice: by run id
     (`cramnas.confirmation_of`, which survives renumbering) and by number (`cramnas.original_trial`,
     the reader's `trial` column)."""
@@ -390,7 +390,7 @@ def hand_design(confirmations: pd.DataFrame, baselines: pd.DataFrame, trials: pd
     frames = []
     if not confirmations.empty:
         runs = prepare(confirmations) if "state" not in confirmations else confirmations
-        original = _original_trials(runs, trials)
+        original = original_trials(runs, trials)
         frames.append(runs.assign(kind="search", configuration=original.map(
             lambda number: f"trial {int(number)}" if pd.notna(number) else None)))
     if not baselines.empty:

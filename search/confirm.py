@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from search.next_steps import StudyFlags, data_settings, next_steps
 from search.objectives import DEFAULT_OBJECTIVE, Objective, objective_named
 from search.states import COMPLETE, FAILED
 from space.errors import CramnasError, UsageError
@@ -235,7 +236,8 @@ def make_plan(args: argparse.Namespace) -> ConfirmPlan:
         raise UsageError(f"--study: {args.study!r} has no complete trial with {metric} to confirm; "
                          f"run more trials (python -m search.run --study {args.study} --resume --trials N)")
     if len(candidates) < args.top:
-        print(f"note: study {args.study} has {len(candidates)} complete trials with {metric}; confirming those")
+        print(f"note: study {args.study} has {len(candidates)} complete trial{'' if len(candidates) == 1 else 's'} "
+              f"with {metric}; confirming {'it' if len(candidates) == 1 else 'those'}")
     # Imported only now (torch, datasets: seconds), so that a wrong study name fails fast.
     import torch
 
@@ -389,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{total} run(s): {counts[COMPLETE, False]} complete now, "
           f"{counts[FAILED, False]} failed now, {counts[COMPLETE, True]} complete before "
           f"(skipped), {counts[FAILED, True]} failed before (kept)")
+    flags = StudyFlags(plan.study, plan.tracker.uri, data=data_settings(args.data, args.corpus, args.cache_dir))
+    print(next_steps([("report", f"{flags.report()}   # ranks the confirmed configurations, against the baselines"),
+                      ("export", f"{flags.export()}   # the best confirmed configuration")]))
     return 0
 
 

@@ -93,7 +93,7 @@ class StudyFlags:
         return self._command("trainer.cram", "--config", config, "--budget", budget, *self.data_flags())
 
 
-def lines(pairs: list[tuple[str, str]]) -> str:
+def next_steps(pairs: list[tuple[str, str]]) -> str:
     """`next steps:` and one aligned `what:  command` line per pair."""
     width = max(len(what) for what, _ in pairs) + 2
     return "\n".join(["next steps:", *(f"  {what + ':':<{width}}{command}" for what, command in pairs)])
@@ -104,10 +104,10 @@ def after_search(plan: StudyPlan) -> str:
     flags = StudyFlags(plan.study, plan.tracking_uri, plan.storage,
                        data_settings(plan.template.data_dir, plan.template.corpus, plan.template.cache_dir))
     device = "gpu" if plan.resources.get("gpu", 0) > 0 else "cpu"
-    return lines([("report", f"{flags.report()}   # writes {report_path(plan.study)}"),
-                  ("MLflow UI", flags.ui()),
-                  ("confirm", flags.confirm("--baselines", BASELINES[device])),
-                  ("export", f"{flags.export()}   # the best confirmed trial, once confirmed")])
+    return next_steps([("report", f"{flags.report()}   # writes {report_path(plan.study)}"),
+                       ("MLflow UI", flags.ui()),
+                       ("confirm", flags.confirm("--baselines", BASELINES[device])),
+                       ("export", f"{flags.export()}   # the best confirmed trial, once confirmed")])
 
 
 def print_after_search(plan: StudyPlan, code: int) -> int:

@@ -231,6 +231,10 @@ class StudyTracker:
             self._study_run = run
         return self._study_run
 
+    def has_study_run(self) -> bool:
+        """Whether a study driver created the study run (an experiment made by hand has none)."""
+        return self._study_run is not None or self._find_study_run() is not None
+
     @property
     def study_run_id(self) -> str:
         return self.study_run().info.run_id
