@@ -4,8 +4,8 @@ Writes the study's HTML report, serves it and the MLflow UI on 127.0.0.1, render
 Chromium (the system's: Debian's `chromium` package) and saves PNGs in `--out-dir`:
 
 - `report.png`: the whole report page, once every plotly figure has drawn;
-- `mlflow-runs.png`: the study's runs table, best trial first, with the study's score, a few other
-  metrics and each trial's state as columns;
+- `mlflow-runs.png`: the study's runs table, best trial first, with the study's score, the last
+  training loss, a few other metrics and each trial's state as columns;
 - `mlflow-run.png`: the best trial's run page (metrics, params, tags);
 - `mlflow-compare.png`: the top trials side by side (when there are two complete ones).
 
@@ -69,6 +69,8 @@ TRIAL_NAME = re.compile(r"^t\d{4} ")  # `t0007 4x256/4h geglu pre-norm rotary` (
 TABLE_METRICS = (*dict.fromkeys(f"metrics.{key}" for objective in OBJECTIVES.values() for key in objective.metrics),
                  "metrics.params")
 TABLE_COLUMNS = 4
+# A trial's last reported training loss: the one number a pruned trial, which has no score, is judged by.
+LAST_LOSS = "metrics.train_loss"
 
 
 class BrowserMissing(RuntimeError):
@@ -233,10 +235,11 @@ def _mlflow_column(column: str) -> str:
 
 
 def table_metrics(data: StudyData) -> list[str]:
-    """Metric columns worth showing for the study's trials: its score first, then a few others that
-    the trials logged."""
+    """Metric columns worth showing for the study's trials: its score first, the last training loss
+    (a pruned trial's only measure), then a few others that the trials logged."""
     frame = data.trials
-    metrics = [c for c in dict.fromkeys((data.score.column, *TABLE_METRICS)) if c in frame and frame[c].notna().any()]
+    metrics = [c for c in dict.fromkeys((data.score.column, LAST_LOSS, *TABLE_METRICS))
+               if c in frame and frame[c].notna().any()]
     return metrics[:TABLE_COLUMNS]
 
 
