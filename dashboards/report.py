@@ -294,7 +294,7 @@ class Report:
                 textposition="top center", marker={"size": 10, "color": COLOURS["front"]},
                 error_y={"type": "data", "array": (finite["high"] - finite["mean"]).fillna(0),
                          "arrayminus": (finite["mean"] - finite["low"]).fillna(0)}))
-            fig.update_xaxes(title_text=f"search {self.score.label}")
+            fig.update_xaxes(title_text=f"search {self.score.label}", **readable_range(finite["original"]))
             fig.update_yaxes(title_text="confirmed mean, 95% CI")
             parts.append(figure_html(fig, height=380))
         return "".join(parts)
