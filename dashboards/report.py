@@ -30,8 +30,8 @@ from dashboards.data import StudyData, load_study
 from dashboards.importance import MIN_TRIALS, param_importance
 from dashboards.page import CSS, esc, figure_html, human, interval, link, num, plural, table
 from dashboards.ui import DEFAULT_PORT, LOOPBACK, run_url, runs_url
-from search.params import params_under
 from search.next_steps import BASELINES, StudyFlags, report_path
+from search.params import params_under
 from search.retry import first_line
 from search.states import COMPLETE, FAILED, PRUNED, STATES
 from search.stores import study_storage
@@ -138,8 +138,7 @@ class Report:
         if not result.values:
             return source + f'<p class="muted">No importances: {esc(result.note)}.</p>'
         names, values = list(result.values)[::-1], list(result.values.values())[::-1]
-        fig = go.Figure(go.Bar(x=values, y=names, orientation="h",
-                               marker_color=COLOURS["front"] if result.reliable else COLOURS["point"],
+        fig = go.Figure(go.Bar(x=values, y=names, orientation="h", marker_color=COLOURS["front"],
                                text=[f"{v:.3f}" for v in values], textposition="outside"))
         fig.update_xaxes(title_text="fANOVA importance (share of explained variance)", range=[0, max(values) * 1.15])
         chart = figure_html(fig, height=max(260, 60 + 26 * len(names)))
@@ -149,7 +148,6 @@ class Report:
                    f"for {plural(len(names), 'parameter')}, fewer than the {MIN_TRIALS} these shares need to be more "
                    "than noise. Shown greyed; run more trials before reading it.</p>")
         return source + warning + f'<div class="greyed" title="too few trials">{chart}</div>'
-
 
     def ablation(self) -> str:
         table_ = analysis.ablation(self.trials, self.score)

@@ -340,7 +340,8 @@ def _best_trial(data: StudyData) -> pd.Series | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dashboards.screenshots", description=__doc__.splitlines()[0])
     parser.add_argument("--study", required=True, help="the study's name (its MLflow experiment)")
-    parser.add_argument("--out-dir", default="screenshots", help="where the PNGs and report-<study>.html go (default screenshots/)")
+    parser.add_argument("--out-dir", default="screenshots",
+                        help="where the PNGs and report-<study>.html go (default screenshots/)")
     parser.add_argument("--tracking-uri", help="default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     parser.add_argument("--chromium", help="the Chromium binary (default: chromium on PATH)")
     args = parser.parse_args(argv)

@@ -161,7 +161,7 @@ def study_probe(study_run: Run, data_dir: str | None) -> Probe | None:
         return None
     limits = params_under(params, "probe_limits")
     if not limits:
-        raise UsageError(f"--study: study {study_run.info.run_name!r} recorded its probe tasks but not its "
+        raise UsageError(f"--study: the study run {study_run.info.run_name!r} recorded its probe tasks but not its "
                          "probe limits (a study from before they were recorded); re-run it to confirm it")
     return Probe(tuple(tasks.split(",")), {**limits, "data_dir": data_dir})
 

@@ -16,8 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from search.stores import resolve_uri, study_storage
-
 if TYPE_CHECKING:
     from mlflow.entities import Run
 
@@ -61,6 +59,8 @@ class StudyFlags:
     def store_flags(self, storage: bool = True) -> list[str]:
         """`--tracking-uri` and (`storage`: for a command that takes it) `--storage`, each only
         when it is not what the command would default to, here."""
+        from search.stores import resolve_uri, study_storage  # MLflow: seconds, only for the hint itself
+
         flags = []
         uri = resolve_uri(self.tracking_uri) if self.tracking_uri else None
         if uri is not None and uri != resolve_uri(None):
@@ -70,8 +70,8 @@ class StudyFlags:
         return flags
 
     def data_flags(self) -> list[str]:
-        return [part for key, flag in DATA_SETTINGS.items() if (self.data or {}).get(key)
-                for part in (flag, self.data[key])]
+        data = self.data or {}
+        return [part for key, flag in DATA_SETTINGS.items() if data.get(key) for part in (flag, data[key])]
 
     def _command(self, module: str, *flags: str) -> str:
         return shlex.join(["python", "-m", module, *flags])
@@ -115,4 +115,3 @@ def print_after_search(plan: StudyPlan, code: int) -> int:
     if code == 0:
         print(after_search(plan))
     return code
-

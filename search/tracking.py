@@ -28,6 +28,7 @@ and the artifact `hf_model/` its Hugging Face export (`cramnas.hf_export_error` 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -76,6 +77,7 @@ def _now_ms() -> int:
 
 
 def study_run_name(study_name: str) -> str:
+    """The study run's name: not the bare study name, so that it reads apart from its trials."""
     return f"study {study_name}"
 
 
@@ -85,10 +87,8 @@ def trial_run_name(trial_number: int, arch: Mapping[str, Any], fingerprint: str)
     trial fails, or none recorded: `search.study.reconcile`) is named by its fingerprint instead."""
     words = fingerprint
     if arch:
-        try:  # defaults first: an arch recorded by an older version may leave fields out
+        with contextlib.suppress(ArchError):  # defaults first: an older version's arch may leave fields out
             words = ArchConfig.from_dict({**ArchConfig().to_dict(), **arch}).describe()
-        except ArchError:
-            pass
     return f"t{int(trial_number):04d} {words}"
 
 
