@@ -309,7 +309,7 @@ def confirmation_ranking(confirmations: pd.DataFrame, trials: pd.DataFrame, scor
     `low`, `high` (95% interval over seeds), `below_mean`, `below_low`, `below_high` (the same for
     the nats below the unigram floor), `rank`."""
     runs = prepare(confirmations) if "state" not in confirmations else confirmations
-    runs = runs.assign(original_trial=_original_trials(runs, trials))
+    runs = runs.assign(original_trial=original_trials(runs, trials))
     records = []
     for number, group in runs.dropna(subset=["original_trial"]).groupby("original_trial"):
         trial = trials[trials["trial"] == int(number)]
@@ -328,7 +328,7 @@ def confirmation_ranking(confirmations: pd.DataFrame, trials: pd.DataFrame, scor
     return table
 
 
-def _original_trials(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.Series:
+def original_trials(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.Series:
     """The trial each confirmation run re-trained. It is named twice: by run id
     (`cramnas.confirmation_of`, which survives renumbering) and by number (`cramnas.original_trial`,
     the reader's `trial` column)."""
@@ -390,7 +390,7 @@ def hand_design(confirmations: pd.DataFrame, baselines: pd.DataFrame, trials: pd
     frames = []
     if not confirmations.empty:
         runs = prepare(confirmations) if "state" not in confirmations else confirmations
-        original = _original_trials(runs, trials)
+        original = original_trials(runs, trials)
         frames.append(runs.assign(kind="search", configuration=original.map(
             lambda number: f"trial {int(number)}" if pd.notna(number) else None)))
     if not baselines.empty:
@@ -457,3 +457,17 @@ def paired_differences(runs: pd.DataFrame, best: str | None, baselines: list[str
                         "best_ahead": ahead,
                         "outside_noise": None if not ci.has_interval else bool(ci.low > 0 or ci.high < 0)})
     return pd.DataFrame(records, columns=columns)
+
+
+def paired_verdict(row, score: Score) -> str:
+    """A row of `paired_differences` in words: which side won, by how much and whether beyond the
+    noise, e.g. `search better by 1.99 nats, outside noise (the 95% interval excludes 0)`."""
+    if not row.n:
+        return "no seed trained by both: nothing to compare"
+    amount = f"{abs(row.mean):.3g} nats" if score.column == LOSS else f"{abs(row.mean):.3g} in {score.label}"
+    lead = "a tie" if row.mean == 0 else f"{'search' if row.best_ahead else 'baseline'} better by {amount}"
+    if row.outside_noise is None:
+        return f"{lead} on one pair of seeds: no interval to judge the noise"
+    if row.outside_noise:
+        return f"{lead}, outside noise (the 95% interval excludes 0)"
+    return f"{lead}, within noise (the 95% interval contains 0)"

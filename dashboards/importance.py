@@ -28,13 +28,22 @@ from search.params import param_value
 from search.stores import sqlite_path
 
 SEED = 0  # fANOVA fits random forests: a fixed seed makes the report reproducible
+# Below this many complete trials fANOVA's shares are mostly noise (a forest fitted to a handful of
+# points, often fewer than the parameters): the report still draws them, greyed, with a warning.
+MIN_TRIALS = 10
 
 
 @dataclass
 class Importance:
     source: str  # where the trials came from, in words
+    trials: int  # the complete trials the importances rest on
     values: dict[str, float] = field(default_factory=dict)  # parameter -> importance, largest first
     note: str = ""  # why there are none, when there are none
+
+    @property
+    def reliable(self) -> bool:
+        """Enough trials (`MIN_TRIALS`) for the importances to say which parameters matter."""
+        return self.trials >= MIN_TRIALS
 
 
 def _optuna_trials(study_name: str, storage: str) -> list[optuna.trial.FrozenTrial] | None:
@@ -90,7 +99,7 @@ def param_importance(study_name: str, storage: str | None, frame: pd.DataFrame, 
         source = f"the MLflow runs' arch params ({where}, so the study was rebuilt from MLflow)"
         trials = _mlflow_trials(frame, score)
     if len(trials) < 2:
-        return Importance(source, note=f"needs at least 2 complete trials, has {len(trials)}")
+        return Importance(source, len(trials), note=f"needs at least 2 complete trials, has {len(trials)}")
     # In memory, so repeats and infeasible draws stay out and the stored study is never written.
     study = optuna.create_study(direction="maximize" if score.higher_is_better else "minimize")
     study.add_trials(trials)
@@ -98,7 +107,7 @@ def param_importance(study_name: str, storage: str | None, frame: pd.DataFrame, 
         values = optuna.importance.get_param_importances(
             study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=SEED))
     except (RuntimeError, ValueError) as error:  # e.g. no parameter present in every trial
-        return Importance(source, note=f"Optuna could not compute importances: {error}")
+        return Importance(source, len(trials), note=f"Optuna could not compute importances: {error}")
     if not values:
-        return Importance(source, note="no parameter varied across the complete trials")
-    return Importance(source, dict(values))
+        return Importance(source, len(trials), note="no parameter varied across the complete trials")
+    return Importance(source, len(trials), dict(values))

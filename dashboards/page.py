@@ -27,12 +27,17 @@ table { border-collapse: collapse; font-size: 14px; margin: 6px 0 10px; }
 th { text-align: left; font-weight: 600; background: #f6f8fa; border-bottom: 1px solid #d0d7de; }
 th, td { padding: 4px 12px 4px 8px; border-bottom: 1px solid #eaeef2; vertical-align: top; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+/* A table wider than its card scrolls inside it rather than spilling out; an interval may break
+   before its brackets. */
+.table-wrap { overflow-x: auto; max-width: 100%; }
+td.ci { text-align: right; font-variant-numeric: tabular-nums; white-space: normal; min-width: 9em; }
 td.reason { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px; max-width: 760px;
             word-break: break-word; }
 tr.group td { background: #f6f8fa; font-weight: 600; }
 .best { color: #1a7f37; font-weight: 600; }
 .apart { color: #9a6700; }
 .muted { color: #6e7781; }
+.greyed { opacity: 0.45; filter: grayscale(1); }
 .note { background: #fff8c5; border: 1px solid #eac54f; border-radius: 6px; padding: 6px 10px; margin: 8px 0; }
 """
 
@@ -61,6 +66,11 @@ def human(x) -> str:
     return f"{x:.3g}"
 
 
+def plural(n: int, noun: str) -> str:
+    """`1 complete trial`, `3 complete trials` (the noun's last word takes the -s)."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def interval(mean, low, high) -> str:
     if _missing(mean):
         return "–"
@@ -75,6 +85,10 @@ def link(url: str, text) -> str:
     return f'<a href="{html.escape(url, quote=True)}">{esc(text)}</a>'
 
 
+def _class(name: str | None) -> str:
+    return f' class="{name}"' if name else ""
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[str] | str], numeric: Sequence[int] = (),
           classes: dict[int, str] | None = None) -> str:
     """An HTML table. Cells are HTML already (escape text with `esc`); a row given as a string is
@@ -82,10 +96,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str] | str], numeric: 
     styles = {**(classes or {}), **dict.fromkeys(numeric, "num")}
 
     def cells(values, tag):
-        return "".join(f'<{tag}{f" class={styles[i]}" if i in styles else ""}>{v}</{tag}>'
-                       for i, v in enumerate(values))
+        return "".join(f'<{tag}{_class(styles.get(i))}>{v}</{tag}>' for i, v in enumerate(values))
     body = "".join(f"<tr>{cells(row, 'td')}</tr>" if not isinstance(row, str) else row for row in rows)
-    return f"<table><thead><tr>{cells(headers, 'th')}</tr></thead><tbody>{body}</tbody></table>"
+    return (f'<div class="table-wrap"><table><thead><tr>{cells(headers, "th")}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
 
 
 def figure_html(fig: go.Figure, height: int = 420) -> str:

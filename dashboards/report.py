@@ -26,9 +26,10 @@ from plotly.subplots import make_subplots
 from dashboards import analysis
 from dashboards.analysis import BELOW_FLOOR, LOSS, Score
 from dashboards.data import StudyData, load_study
-from dashboards.importance import param_importance
-from dashboards.page import CSS, esc, figure_html, human, interval, link, num, table
+from dashboards.importance import MIN_TRIALS, param_importance
+from dashboards.page import CSS, esc, figure_html, human, interval, link, num, plural, table
 from dashboards.ui import DEFAULT_PORT, LOOPBACK, run_url, runs_url
+from search.next_steps import BASELINES, StudyFlags, report_path
 from search.params import params_under
 from search.retry import first_line
 from search.states import COMPLETE, FAILED, PRUNED, STATES
@@ -50,6 +51,21 @@ def architecture(row) -> str:
         return f"invalid: {error}"
 
 
+def readable_range(values: pd.Series) -> dict:
+    """Axis settings for `values` whose span is next to nothing (one point, or all alike): plotly
+    would stretch it over the axis and tick it 19.587k, 19.5875k, 19.588k. Such an axis spans 5%
+    either side of the values instead (1 either side of 0), so its ticks are round numbers."""
+    finite = values.astype(float)[np.isfinite(values.astype(float))]
+    if finite.empty:
+        return {}
+    low, high = float(finite.min()), float(finite.max())
+    centre = (low + high) / 2
+    pad = abs(centre) * 0.05 or 1.0
+    if high - low >= pad / 5:  # a spread of at least 1% of the value: plotly's own range reads well
+        return {}
+    return {"range": [centre - pad, centre + pad]}
+
+
 def axis_title(score: Score) -> str:
     return f"{score.label} ({'higher' if score.higher_is_better else 'lower'} is better)"
 
@@ -62,6 +78,8 @@ class Report:
         self.score = data.score
         self.trials = data.trials
         self.storage = storage
+        # The commands the report suggests, with the study's store and data flags (search.next_steps).
+        self.flags = StudyFlags.of_run(data.name, data.uri, data.study_run, storage)
 
     def run_link(self, run_id, text) -> str:
         return link(run_url(self.ui_url, self.data.experiment_id, run_id), text) if isinstance(run_id, str) else esc(text)
@@ -109,20 +127,27 @@ class Report:
                     marker={"color": colour, "size": 7 if mode == "markers" else 9}, line={"color": colour},
                     showlegend=col == 1, hovertext=[f"trial {r['trial']}: {architecture(r)}" for _, r in subset.iterrows()],
                     hoverinfo="text+x+y"), row=1, col=col)
-            fig.update_xaxes(title_text=title, row=1, col=col)
+            fig.update_xaxes(title_text=title, row=1, col=col, **readable_range(points[column] * scale))
+            fig.update_yaxes(row=1, col=col, **readable_range(points[self.score.column]))
         fig.update_yaxes(title_text=axis_title(self.score), row=1, col=1)
         return figure_html(fig)
 
     def importance(self) -> str:
         result = param_importance(self.data.name, self.storage, self.trials, self.score)
-        source = f"<p>Computed from {esc(result.source)}.</p>"
+        source = f"<p>Computed from {esc(result.source)}, on {plural(result.trials, 'complete trial')}.</p>"
         if not result.values:
             return source + f'<p class="muted">No importances: {esc(result.note)}.</p>'
         names, values = list(result.values)[::-1], list(result.values.values())[::-1]
         fig = go.Figure(go.Bar(x=values, y=names, orientation="h", marker_color=COLOURS["front"],
                                text=[f"{v:.3f}" for v in values], textposition="outside"))
         fig.update_xaxes(title_text="fANOVA importance (share of explained variance)", range=[0, max(values) * 1.15])
-        return source + figure_html(fig, height=max(260, 60 + 26 * len(names)))
+        chart = figure_html(fig, height=max(260, 60 + 26 * len(names)))
+        if result.reliable:
+            return source + chart
+        warning = (f'<p class="note">Too few trials to rank parameters: {plural(result.trials, "complete trial")} '
+                   f"for {plural(len(names), 'parameter')}, fewer than the {MIN_TRIALS} these shares need to be more "
+                   "than noise. Shown greyed; run more trials before reading it.</p>")
+        return source + warning + f'<div class="greyed" title="too few trials">{chart}</div>'
 
     def ablation(self) -> str:
         table_ = analysis.ablation(self.trials, self.score)
@@ -206,7 +231,7 @@ class Report:
         lost = accounts[accounts["state"].isin([FAILED, PRUNED])]["device_hours"].sum()
         share = (f" ({100 * lost / total['device_hours']:.2g}% of it on failed or pruned trials)"
                  if total["device_hours"] else "")
-        sentence = (f"<p>{int(total['trials'])} trials used {num(total['device_hours'], 3)} device-hours{share} and "
+        sentence = (f"<p>{plural(int(total['trials']), 'trial')} used {num(total['device_hours'], 3)} device-hours{share} and "
                     f"trained {human(total['tokens'])} tokens.</p>")
         body = [[esc(r.state), str(r.trials), num(r.device_hours, 3), human(r.tokens)] for r in accounts.itertuples()]
         return sentence + table(["status", "trials", "device-hours", "tokens trained"], body, numeric=(1, 2, 3))
@@ -230,7 +255,7 @@ class Report:
         runs = self.data.confirmations
         if runs.empty:
             return (f'<p class="muted">No confirmation runs yet. Re-train the top trials with new seeds: '
-                    f'<code>python -m search.confirm --study {esc(self.data.name)}</code></p>')
+                    f'<code>{esc(self.flags.confirm())}</code></p>')
         ranking = analysis.confirmation_ranking(runs, self.trials, self.score)
         body = [[str(r.rank), self.run_link(r.run_id, r.trial), num(r.original), interval(r.mean, r.low, r.high),
                  interval(r.below_mean, r.below_low, r.below_high), str(r.n), str(r.failed)]
@@ -267,7 +292,7 @@ class Report:
                 textposition="top center", marker={"size": 10, "color": COLOURS["front"]},
                 error_y={"type": "data", "array": (finite["high"] - finite["mean"]).fillna(0),
                          "arrayminus": (finite["mean"] - finite["low"]).fillna(0)}))
-            fig.update_xaxes(title_text=f"search {self.score.label}")
+            fig.update_xaxes(title_text=f"search {self.score.label}", **readable_range(finite["original"]))
             fig.update_yaxes(title_text="confirmed mean, 95% CI")
             parts.append(figure_html(fig, height=380))
         return "".join(parts)
@@ -275,8 +300,8 @@ class Report:
     def hand_design(self) -> str:
         if self.data.baselines.empty:
             return (f'<p class="muted">No baseline runs yet. Train hand-designed configurations with the seeds and '
-                    f'budget of the confirmations: <code>python -m search.confirm --study {esc(self.data.name)} '
-                    f'--baselines crammed-bert-cpu,bert-original-cpu</code> (any trainer/configs/ name).</p>')
+                    f'budget of the confirmations: <code>{esc(self.flags.confirm("--baselines", BASELINES["cpu"]))}'
+                    f'</code> (on a GPU: {esc(BASELINES["gpu"])}; any trainer/configs/ name).</p>')
         result = analysis.hand_design(self.data.confirmations, self.data.baselines, self.trials, self.score)
         first = {c: result.runs[result.runs["configuration"] == c].iloc[0] for c in result.table["configuration"]}
         # Columns: the score unless it is the loss or the probe average, which have their own.
@@ -294,20 +319,18 @@ class Report:
                     "params", "seeds", "failed seeds"]
         parts = [f"<p>Every run under {esc(result.budget)}, with the same seeds; search configurations in bold, "
                  f"ranked by {esc(self.score.label)}.</p>",
-                 table(headers, body, numeric=(0, *range(3, len(headers))))]
+                 # The intervals may wrap: ten columns of them and numbers would not fit the card.
+                 table(headers, body, numeric=(0, *range(len(headers) - 4, len(headers))),
+                       classes=dict.fromkeys(range(3, len(headers) - 4), "ci"))]
         if result.paired.empty:
             parts.append(f"<p>No confirmed configuration under {esc(result.budget)} to set against the baselines: "
-                         f"run <code>python -m search.confirm --study {esc(self.data.name)} --budget "
-                         f"{esc(result.budget)}</code> with the --seeds the baselines had.</p>")
+                         f"run <code>{esc(self.flags.confirm('--budget', result.budget))}</code> with the --seeds "
+                         "the baselines had.</p>")
             return "".join(parts)
         rows = []
         for r in result.paired.itertuples():
-            if r.outside_noise is None:
-                verdict = '<span class="muted">fewer than two paired seeds: no interval</span>'
-            elif r.outside_noise:
-                verdict = f'<span class="apart">outside noise: {"ahead" if r.best_ahead else "behind"}</span>'
-            else:
-                verdict = '<span class="muted">within noise (the interval contains 0)</span>'
+            style = "apart" if r.outside_noise else "muted"
+            verdict = f'<span class="{style}">{esc(analysis.paired_verdict(r, self.score))}</span>'
             rows.append([esc(r.best), esc(r.baseline), str(r.n), interval(r.mean, r.low, r.high), verdict])
         parts.append(f"<p>The best confirmed configuration against each baseline: its {esc(self.score.label)} minus "
                      f"the baseline's, seed by seed, with a 95% interval of the mean difference.</p>")
@@ -365,13 +388,13 @@ def render(data: StudyData, ui_url: str = f"http://{LOOPBACK}:{DEFAULT_PORT}", t
             f"<body><main>{head}{''.join(sections)}</main></body></html>")
 
 
-def write_report(study: str | StudyData, out: str | Path = "report.html", uri: str | None = None,
+def write_report(study: str | StudyData, out: str | Path | None = None, uri: str | None = None,
                  ui_url: str = f"http://{LOOPBACK}:{DEFAULT_PORT}", top: int = TOP_K, log_artifact: bool = True,
                  storage: str | None = None) -> Path:
     """Render the report of `study` (a name, read from the store at `uri`, or a study already read)
-    to `out` and (by default) log it to the study's MLflow run."""
+    to `out` (default: `report-<study>.html`) and (by default) log it to the study's MLflow run."""
     data = study if isinstance(study, StudyData) else load_study(study, uri)
-    out = Path(out)
+    out = Path(out or report_path(data.name))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(data, ui_url, top, storage or study_storage(data.uri)), encoding="utf-8")
     if log_artifact and data.study_run is not None:
@@ -391,7 +414,7 @@ class ArtifactError(RuntimeError):
 def main(argv: list[str] | None = None) -> int:
     parser = CliParser(prog="python -m dashboards.report", description=__doc__.splitlines()[0])
     parser.add_argument("--study", required=True)
-    parser.add_argument("--out", default="report.html", help="default: report.html")
+    parser.add_argument("--out", help="default: report-<study>.html, so each study keeps its own")
     parser.add_argument("--tracking-uri", help="default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     parser.add_argument("--storage", help="the Optuna study store (default: optuna.db beside a SQLite MLflow store)")
     parser.add_argument("--ui-url", default=f"http://{LOOPBACK}:{DEFAULT_PORT}",

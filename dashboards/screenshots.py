@@ -4,8 +4,8 @@ Writes the study's HTML report, serves it and the MLflow UI on 127.0.0.1, render
 Chromium (the system's: Debian's `chromium` package) and saves PNGs in `--out-dir`:
 
 - `report.png`: the whole report page, once every plotly figure has drawn;
-- `mlflow-runs.png`: the study's runs table, best trial first, with the study's score, a few other
-  metrics and each trial's state as columns;
+- `mlflow-runs.png`: the study's runs table, best trial first, with the study's score, the last
+  training loss, a few other metrics and each trial's state as columns;
 - `mlflow-run.png`: the best trial's run page (metrics, params, tags);
 - `mlflow-compare.png`: the top trials side by side (when there are two complete ones).
 
@@ -48,6 +48,7 @@ from dashboards.analysis import STATE_COLUMN, top_k
 from dashboards.data import StudyData, load_study
 from dashboards.report import write_report
 from dashboards.ui import LOOPBACK
+from search.next_steps import report_path
 from search.objectives import OBJECTIVES
 from search.retry import first_line
 from space.errors import CramnasError, UsageError
@@ -63,11 +64,13 @@ VIEWPORT = {"width": 1400, "height": 1000}
 TALL_VIEWPORT = {"width": 1400, "height": 1250}
 COMPARE_VIEWPORT = {"width": 1400, "height": 2100}  # the plot and the differing params, metrics, tags
 PAGE_TIMEOUT_S = 60.0
-TRIAL_NAME = re.compile(r"\bt\d{4}-[0-9a-f]+\b")
+TRIAL_NAME = re.compile(r"^t\d{4} ")  # `t0007 4x256/4h geglu pre-norm rotary` (search.tracking.trial_run_name)
 # Metrics worth a column in the runs table, after the study's own score: every objective's.
 TABLE_METRICS = (*dict.fromkeys(f"metrics.{key}" for objective in OBJECTIVES.values() for key in objective.metrics),
                  "metrics.params")
 TABLE_COLUMNS = 4
+# A trial's last reported training loss: the one number a pruned trial, which has no score, is judged by.
+LAST_LOSS = "metrics.train_loss"
 
 
 class BrowserMissing(RuntimeError):
@@ -232,10 +235,11 @@ def _mlflow_column(column: str) -> str:
 
 
 def table_metrics(data: StudyData) -> list[str]:
-    """Metric columns worth showing for the study's trials: its score first, then a few others that
-    the trials logged."""
+    """Metric columns worth showing for the study's trials: its score first, the last training loss
+    (a pruned trial's only measure), then a few others that the trials logged."""
     frame = data.trials
-    metrics = [c for c in dict.fromkeys((data.score.column, *TABLE_METRICS)) if c in frame and frame[c].notna().any()]
+    metrics = [c for c in dict.fromkeys((data.score.column, LAST_LOSS, *TABLE_METRICS))
+               if c in frame and frame[c].notna().any()]
     return metrics[:TABLE_COLUMNS]
 
 
@@ -300,7 +304,7 @@ def capture(study: str, out_dir: Path, tracking_uri: str | None = None, chromium
     out_dir.mkdir(parents=True, exist_ok=True)
     port = ui.free_port()  # chosen now, so that the report's run links point at the UI started below
     # Not logged to the study run: taking pictures of a study must not change it.
-    report = write_report(data, out_dir / "report.html", ui_url=f"http://{LOOPBACK}:{port}", log_artifact=False)
+    report = write_report(data, out_dir / report_path(study), ui_url=f"http://{LOOPBACK}:{port}", log_artifact=False)
     log(f"wrote {report}")
     shots = []
     with open_browser(executable) as browser:
@@ -337,7 +341,8 @@ def _best_trial(data: StudyData) -> pd.Series | None:
 def main(argv: list[str] | None = None) -> int:
     parser = CliParser(prog="python -m dashboards.screenshots", description=__doc__.splitlines()[0])
     parser.add_argument("--study", required=True, help="the study's name (its MLflow experiment)")
-    parser.add_argument("--out-dir", default="screenshots", help="where the PNGs and report.html go (default screenshots/)")
+    parser.add_argument("--out-dir", default="screenshots",
+                        help="where the PNGs and report-<study>.html go (default screenshots/)")
     parser.add_argument("--tracking-uri", help="default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     parser.add_argument("--chromium", help="the Chromium binary (default: chromium on PATH)")
     args = parser.parse_args(argv)

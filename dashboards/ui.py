@@ -29,6 +29,8 @@ import requests
 
 from dashboards.analysis import top_k
 from dashboards.data import StudyData, load_study, open_store
+from dashboards.page import plural
+from search.states import STATES
 from space.errors import CramnasError, UsageError
 from trainer.console import CliParser
 
@@ -79,6 +81,21 @@ def urls_of(data: StudyData, base: str, top: int = 5) -> StudyUrls:
     run_ids = tuple(top_k(data.trials, data.score, top)["run_id"])
     compare = compare_url(base, data.experiment_id, run_ids) if len(run_ids) >= 2 else None
     return StudyUrls(data.experiment_id, runs_url(base, data.experiment_id), compare, run_ids)
+
+
+def compare_line(data: StudyData, urls: StudyUrls) -> str:
+    """What `main` prints of the compare view: its URL, or why there is none, counted as the view
+    counts. Only complete trials with a score compete; the MLflow UI's finished runs also hold the
+    study run, repeats, pruned trials and the confirmation and baseline runs, which do not."""
+    if urls.compare is not None:
+        return f"top {len(urls.top_run_ids)} trials compared: {urls.compare}"
+    counts = data.trials["state"].value_counts()
+    states = ", ".join(f"{counts[state]} {state}" for state in STATES if state in counts) or "none"
+    others = [plural(len(frame), f"{kind} run") for kind, frame in
+              (("confirmation", data.confirmations), ("baseline", data.baselines)) if len(frame)]
+    also = f"; the experiment's {' and '.join(others)} are not trials" if others else ""
+    return (f"nothing to compare yet: {plural(len(urls.top_run_ids), 'complete trial')} with a {data.score.label} "
+            f"(trial runs: {states}; repeats and pruned or failed trials have no score of their own){also}")
 
 
 # ---- the server ---------------------------------------------------------------------------------
@@ -187,14 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         # Check the store and the study before the server's start-up (seconds), not after.
-        urls = study_urls(args.tracking_uri, args.study, f"http://{args.host}:{args.port}") if args.study else None
+        data = load_study(args.study, args.tracking_uri) if args.study else None
+        urls = urls_of(data, f"http://{args.host}:{args.port}") if data is not None else None
         print(f"starting the MLflow UI on {args.host}:{args.port} ...", flush=True)
         with serve(args.tracking_uri, args.port, args.host) as server:
             print(f"MLflow UI: {server.url}")
             if urls is not None:
                 print(f"study {args.study} runs: {urls.runs}")
-                print(f"top {len(urls.top_run_ids)} trials compared: {urls.compare}" if urls.compare
-                      else "fewer than 2 complete trials: nothing to compare yet")
+                print(compare_line(data, urls))
             print("Ctrl-C to stop", flush=True)
             while server.process.poll() is None:
                 time.sleep(1)

@@ -6,7 +6,7 @@ while) must leave them agreeing. The audit checks, and says what it found:
 - no trial is left running in either store (while no driver is running the study);
 - every counted Optuna trial (infeasible draws are told PRUNED and redrawn: they do not count)
   has exactly one MLflow trial run, and no trial run lacks its Optuna trial;
-- the states agree (`search.states`): complete and repeat are FINISHED, pruned is KILLED, failed
+- the states agree (`search.states`): complete, repeat and pruned are FINISHED, failed
   is FAILED (or KILLED, for a trial whose driver died under it, `search.study.reconcile`);
 - every failed trial run says why (`cramnas.failure_reason`);
 - with `--trials N`: complete + pruned + failed is exactly N (a trial the driver's death cut short

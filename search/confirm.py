@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from search.next_steps import StudyFlags, data_settings, next_steps
 from search.objectives import DEFAULT_OBJECTIVE, Objective, objective_named
 from search.states import COMPLETE, FAILED
 from space.errors import CramnasError, UsageError
@@ -162,7 +163,7 @@ def study_probe(study_run: Run, data_dir: str | None) -> Probe | None:
         return None
     limits = params_under(params, "probe_limits")
     if not limits:
-        raise UsageError(f"--study: study {study_run.info.run_name!r} recorded its probe tasks but not its "
+        raise UsageError(f"--study: the study run {study_run.info.run_name!r} recorded its probe tasks but not its "
                          "probe limits (a study from before they were recorded); re-run it to confirm it")
     return Probe(tuple(tasks.split(",")), {**limits, "data_dir": data_dir})
 
@@ -238,7 +239,7 @@ def make_plan(args: argparse.Namespace) -> ConfirmPlan:
                          f"run more trials (python -m search.run --study {args.study} --resume --trials N)")
     if len(candidates) < args.top:
         print(f"note: study {args.study} has {count(len(candidates), 'complete trial')} with {metric}; "
-              "confirming those")
+              f"confirming {'it' if len(candidates) == 1 else 'those'}")
     # Imported only now (torch, datasets: seconds), so that a wrong study name fails fast.
     import torch
 
@@ -394,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{total} run(s): {counts[COMPLETE, False]} complete now, "
           f"{counts[FAILED, False]} failed now, {counts[COMPLETE, True]} complete before "
           f"(skipped), {counts[FAILED, True]} failed before (kept)")
+    flags = StudyFlags(plan.study, plan.tracker.uri, data=data_settings(args.data, args.corpus, args.cache_dir))
+    print(next_steps([("report", f"{flags.report()}   # ranks the confirmed configurations, against the baselines"),
+                      ("export", f"{flags.export()}   # the best confirmed configuration")]))
     return 0
 
 

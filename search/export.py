@@ -1,21 +1,34 @@
 """`python -m search.export --study NAME`: the study's best architecture as a trainer config.
 
-The file is what `python -m trainer.cram --config` runs unchanged (the study's training settings,
-the winner's `arch`), plus `provenance`: study, trial, MLflow run id, score, budget, controller.
+The winner is the best *confirmed* configuration when `search.confirm` has re-trained the top
+trials: the one with the best mean over seeds (under the latest confirmation budget), since a trial's
+own score is one seed's and the best of many lucky draws. Without confirmations it is the search's
+best trial. The file is what `python -m trainer.cram --config` runs unchanged (the study's training
+settings, the winner's `arch`), plus `provenance`: study, trial, MLflow run id, score, budget,
+controller and, for a confirmed winner, `confirmed`: its budget, seeds, mean and 95% interval, and
+against each baseline (`search.confirm --baselines`) the paired difference and whether it beat it.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from search.next_steps import StudyFlags
 from search.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, Objective, objective_named
+from search.states import COMPLETE
 from space.errors import CramnasError
 from trainer.console import CliParser, one_line_on_ctrl_c
+
+if TYPE_CHECKING:
+    from search.tracking import StudyTracker
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -42,8 +55,79 @@ def best_trial(study: optuna.Study, objective: Objective) -> FrozenTrial:
     return trials[0]
 
 
+@dataclass
+class Confirmed:
+    """The best confirmed configuration: its trial, `provenance.confirmed`, and the baselines it
+    did not beat (their verdicts, in words)."""
+
+    trial: int
+    record: dict[str, Any]
+    not_beaten: list[str] = field(default_factory=list)
+
+
+def confirmed_best(tracker: StudyTracker, objective: Objective) -> Confirmed | None:
+    """The configuration `search.confirm` found best by its mean over seeds, under the budget of
+    the latest confirmation run (runs under other budgets answer another question), set against
+    each baseline trained under that budget, seed by seed: the report's statistics
+    (`dashboards.analysis`). None when no confirmation has a complete seed."""
+    from dashboards import analysis  # pandas and scipy: only for a study that has confirmations
+
+    confirmations = analysis.prepare(tracker.confirmation_table())
+    if confirmations.empty or "params.budget" not in confirmations:
+        return None
+    dated = confirmations.dropna(subset=["params.budget"]).sort_values("start_time", kind="stable")
+    if dated.empty:
+        return None
+    budget = str(dated["params.budget"].iloc[-1])
+    runs = confirmations[confirmations["params.budget"] == budget]
+    trials = analysis.prepare(tracker.trial_table())
+    score = analysis.Score(objective)
+    ranking = analysis.confirmation_ranking(runs, trials, score)
+    ranking = ranking[ranking["mean"].astype(float).map(math.isfinite)]
+    if ranking.empty:
+        return None
+    best = ranking.iloc[0]
+    number = int(best["trial"])
+    mine = runs[(analysis.original_trials(runs, trials) == number) & (runs["state"] == COMPLETE)
+                & runs[score.column].astype(float).map(math.isfinite)]
+    record: dict[str, Any] = {
+        "budget": budget, "rank_by": objective.rank_metric,
+        "seeds": sorted(int(seed) for seed in mine["tags.cramnas.seed"]), "mean": float(best["mean"]),
+        "ci95": [float(best["low"]), float(best["high"])] if int(best["n"]) >= 2 else None,
+        "failed_seeds": int(best["failed"]),
+    }
+    confirmed = Confirmed(number, record)
+    baselines = analysis.prepare(tracker.baseline_table())
+    if not baselines.empty and "params.budget" in baselines:
+        baselines = baselines[baselines["params.budget"] == budget]
+    if baselines.empty:
+        return confirmed
+    result = analysis.hand_design(runs, baselines, trials, score)
+    names = list(result.table.loc[result.table["kind"] == "baseline", "configuration"])
+    record["baselines"] = {}
+    for row in analysis.paired_differences(result.runs, f"trial {number}", names, score).itertuples():
+        verdict = analysis.paired_verdict(row, score)
+        beat = bool(row.best_ahead and row.outside_noise)
+        record["baselines"][row.baseline] = {
+            "paired_seeds": int(row.n), "difference": float(row.mean),
+            "ci95": [float(row.low), float(row.high)] if row.outside_noise is not None else None,
+            "beat": beat, "verdict": verdict}
+        if not beat:
+            confirmed.not_beaten.append(f"{row.baseline}: {verdict}")
+    return confirmed
+
+
+@dataclass
+class Exported:
+    path: Path
+    trial: int
+    confirmed: Confirmed | None  # None: no confirmation, the search's best trial
+    search_best: int  # the search's best trial by its own score
+    flags: StudyFlags  # for the next command (trainer.cram with the study's data)
+
+
 def export(study_name: str, rank_by: str | None = None, out: str | Path | None = None, tracking_uri: str | None = None,
-           storage: str | None = None, force: bool = False, register: str | None = None) -> Path:
+           storage: str | None = None, force: bool = False, register: str | None = None) -> Exported:
     from search.retry import TrackingError
     from search.stores import existing_store, existing_study
     from search.tracking import StudyTracker
@@ -53,31 +137,38 @@ def export(study_name: str, rank_by: str | None = None, out: str | Path | None =
     storage = existing_study(study_name, tracking_uri, storage, "pass the --tracking-uri or --storage the search used")
     study = optuna.load_study(study_name=study_name, storage=storage)
     objective = objective_named(rank_by or study.user_attrs.get("objective", DEFAULT_OBJECTIVE), "--rank-by")
-    trial = best_trial(study, objective)
+    search_best = best_trial(study, objective)
     key = objective.rank_metric
     path = Path(out) if out else PROJECT / "trainer" / "configs" / f"{study_name}-best.yaml"
     if not force and not path.resolve().is_relative_to(PROJECT):
         raise ExportError(f"--out: {path} is outside the project {PROJECT}; pass --force to write there")
     uri = existing_store(tracking_uri)
+    tracker = StudyTracker(uri, study_name)
     try:
-        run = StudyTracker(uri, study_name).find_trial_run(trial.number)
+        confirmed = confirmed_best(tracker, objective)
+        trial = study.get_trials(deepcopy=False)[confirmed.trial] if confirmed else search_best
+        run = tracker.find_trial_run(trial.number)
+        study_run = tracker.study_run() if tracker.has_study_run() else None  # where the data came from
     except TrackingError as error:  # the study's runs are in another store, or its server is away
         raise ExportError(f"--tracking-uri: {error}; pass the --tracking-uri the search used") from None
     provenance = {
         "study": study_name, "trial": trial.number, "mlflow_run_id": run.info.run_id if run else None,
-        "rank_by": key, "score": trial.user_attrs["metrics"][key], "budget": study.user_attrs.get("budget"),
+        "rank_by": key, "score": trial.user_attrs.get("metrics", {}).get(key), "budget": study.user_attrs.get("budget"),
         "controller": study.user_attrs.get("controller"), "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if confirmed:
+        provenance["confirmed"] = {**confirmed.record, "search_best_trial": search_best.number}
     if register:  # the winner's HF export, in MLflow's model registry (search/registry.py)
         from search.registry import register_winner
 
-        version = register_winner(StudyTracker(uri, study_name), trial.number, register)
+        version = register_winner(tracker, trial.number, register)
         provenance["registered_model"] = f"models:/{version.name}/{version.version}"
     config = RunConfig(f"{study_name}-best", ArchConfig.from_dict(trial.user_attrs["arch"]),
                        TrainConfig.from_dict(study.user_attrs["train"]), provenance)
     path.parent.mkdir(parents=True, exist_ok=True)
     config.save(path)
-    return path
+    return Exported(path, trial.number, confirmed, search_best.number,
+                    StudyFlags.of_run(study_name, uri, study_run, storage))
 
 
 @one_line_on_ctrl_c
@@ -93,11 +184,23 @@ def main(argv: list[str] | None = None) -> int:
                         "MLflow model registry as NAME (needs search.run --save-checkpoints)")
     args = parser.parse_args(argv)
     try:
-        path = export(args.study, args.rank_by, args.out, args.tracking_uri, args.storage, args.force, args.register)
+        done = export(args.study, args.rank_by, args.out, args.tracking_uri, args.storage, args.force, args.register)
     except CramnasError as error:  # ExportError, and every other cramnas user error
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(f"wrote {path}\ncram it:  python -m trainer.cram --config {path} --budget 24h")
+    path, confirmed = done.path, done.confirmed
+    if confirmed is None:
+        print(f"trial {done.trial}: the search's best by its own score (one seed); `{done.flags.confirm()}` "
+              "re-trains the top trials with new seeds, and export then takes the best confirmed")
+    else:
+        record = confirmed.record
+        ci = f" [{record['ci95'][0]:.4g}, {record['ci95'][1]:.4g}]" if record["ci95"] else " (one seed: no interval)"
+        instead = "" if done.trial == done.search_best else f", not the search's best trial {done.search_best}"
+        print(f"trial {done.trial}: the best confirmed configuration{instead}: mean {record['rank_by']} "
+              f"{record['mean']:.4g}{ci} over seeds {', '.join(map(str, record['seeds']))} under {record['budget']}")
+        for line in confirmed.not_beaten:
+            print(f"note: it did not beat baseline {line}")
+    print(f"wrote {path}\ncram it:  {done.flags.cram(str(path), '24h')}")
     if args.register:
         print(f"registered the winner in MLflow as {args.register} (its models:/ URI: provenance.registered_model in {path})")
     return 0

@@ -346,9 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     except (CramnasError, optuna.exceptions.DuplicatedStudyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    from search.next_steps import print_after_search
     from search.study import run_study
 
-    return run_study(plan)
+    return print_after_search(plan, run_study(plan))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ A trial is `complete`, a `repeat` (its architecture was trained before: the orig
 told again), `pruned` (stopped early by ASHA), `failed` or still `running`. The Optuna study keeps
 the trial state (a repeat is COMPLETE with the user attribute `repeat_of`); the trial's MLflow run
 carries the state as the tag `cramnas.state` and ends with the matching run status. A failed trial
-whose run was cut short (the driver died, Ctrl-C) ends KILLED rather than FAILED.
+whose run was cut short (the driver died, Ctrl-C) ends KILLED rather than FAILED. A pruned trial
+ends FINISHED: it ran as the search meant it to, and the MLflow UI marks FAILED and KILLED runs
+alike with a red cross, so the state tag tells it from a complete one; its last reported
+`train_loss` is its last metric value.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ COMPLETE, REPEAT, PRUNED, FAILED, RUNNING = "complete", "repeat", "pruned", "fai
 STATES: dict[str, State] = {state.name: state for state in (
     State(COMPLETE, TrialState.COMPLETE, "FINISHED"),
     State(REPEAT, TrialState.COMPLETE, "FINISHED"),
-    State(PRUNED, TrialState.PRUNED, "KILLED"),
+    State(PRUNED, TrialState.PRUNED, "FINISHED"),
     State(FAILED, TrialState.FAIL, "FAILED", cut_short_status="KILLED"),
     State(RUNNING, TrialState.RUNNING, "RUNNING"),
 )}
@@ -49,5 +52,6 @@ def state_of_trial(trial: FrozenTrial) -> str:
 
 
 def state_of_status(status: str) -> str:
-    """A run's state from its MLflow status alone, for a run without the state tag."""
+    """A run's state from its MLflow status alone, for a run without the state tag (FINISHED reads
+    as complete: the first state in `STATES` with that status)."""
     return next((name for name, row in STATES.items() if row.run_status == status), RUNNING)

@@ -20,6 +20,7 @@ from pathlib import Path
 import optuna
 
 from search import controllers
+from search.next_steps import data_settings
 from search.resources import auto_cpus_per_trial
 from search.retry import Retry, TrackingUnavailable
 from search.searcher import CramnasSearcher
@@ -153,6 +154,8 @@ def run_study(plan: StudyPlan) -> int:
         "controller": plan.controller, "objective": plan.objective.name, "space": str(plan.space_path),
         "budget": plan.budget.text, "trials": plan.trials, "code_version": _code_version(),
         "train": train, **probe_settings(plan),
+        # Where the data came from, so that the next commands can say it again (search.next_steps).
+        **data_settings(plan.template.data_dir, plan.template.corpus, plan.template.cache_dir),
         # A property of the prepared data, so the study's once (tag and param): the report's header reads it.
         **{name: round(value, 4) for name in ("unigram_floor", "corruption_floor", "context_reference")
            if (value := getattr(plan, name)) is not None},

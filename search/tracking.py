@@ -2,11 +2,13 @@
 
 Layout:
 - experiment = study (same name); artifacts of a SQLite store go beside the database file;
-- one *study run* (run name = study name, tag `cramnas.kind=study`): controller, objective, space,
-  budget and code version as tags and params, the study's training settings as `train.*` params
-  and the probe's limits as `probe_limits.*` params;
-- one *trial run* per trial number, nested under the study run (`mlflow.parentRunId`), named
-  `t0007-<fingerprint>`, tagged `cramnas.kind=trial`, `cramnas.trial=7` and `cramnas.state`
+- one *study run* (named `study <name>`, so that it stands out among its trials; tag
+  `cramnas.kind=study`): controller, objective, space, budget, data and code version as tags and
+  params, the study's training settings as `train.*` params and the probe's limits as
+  `probe_limits.*` params;
+- one *trial run* per trial number, nested under the study run (`mlflow.parentRunId`, which the UI
+  groups by), named by trial and architecture (`t0007 4x256/4h geglu pre-norm rotary`), tagged
+  `cramnas.kind=trial`, `cramnas.trial=7`, `cramnas.fingerprint` and `cramnas.state`
   (`search.states`). Params `arch.<field>`, `train.<field>` and `budget`; lineage tags
   `cramnas.parent_trial` / `cramnas.parent_run_id`, and for a re-run of a trial the driver's death
   cut short `cramnas.rerun_of` / `cramnas.rerun_of_run_id`; metrics `train_loss`, `tokens_per_s`, ... over
@@ -14,7 +16,8 @@ Layout:
   `arch.yaml` and `result.json`;
 - one *confirmation run* per (trial, seed, budget) that `search.confirm` re-trains, nested and
   tagged `cramnas.kind=confirmation`; one *baseline run* per (hand-designed config, seed, budget)
-  that `search.confirm --baselines` trains beside them, nested and tagged `cramnas.kind=baseline`.
+  that `search.confirm --baselines` trains beside them, nested, named `<config> s1` (seed index
+  first) and tagged `cramnas.kind=baseline`.
 
 Every run is found again by its tags, never remembered in memory, so a driver that crashes and
 resumes reuses the study run and each trial's run instead of creating second ones. All calls go
@@ -26,6 +29,7 @@ and the artifact `hf_model/` its Hugging Face export (`cramnas.hf_export_error` 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -45,6 +49,7 @@ from search.params import flatten, trial_params
 from search.retry import Retry, TrackingError, TrackingUnavailable, first_line, is_transient
 from search.states import COMPLETE, RUNNING, STATE_TAG, STATES
 from search.stores import resolve_uri, sqlite_path
+from space.arch import ArchConfig, ArchError
 from trainer.regimes import regime_of
 
 TAG = "cramnas."  # prefix of every tag cramnas sets (besides MLflow's own `mlflow.parentRunId`)
@@ -71,6 +76,22 @@ def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def study_run_name(study_name: str) -> str:
+    """The study run's name: not the bare study name, so that it reads apart from its trials."""
+    return f"study {study_name}"
+
+
+def trial_run_name(trial_number: int, arch: Mapping[str, Any], fingerprint: str) -> str:
+    """`t0007 4x256/4h geglu pre-norm rotary`: what the runs table shows first, so the trial and
+    its architecture, not a hash. An architecture that cannot be described (an impossible one, whose
+    trial fails, or none recorded: `search.study.reconcile`) is named by its fingerprint instead."""
+    words = fingerprint
+    if arch:
+        with contextlib.suppress(ArchError):  # defaults first: an older version's arch may leave fields out
+            words = ArchConfig.from_dict({**ArchConfig().to_dict(), **arch}).describe()
+    return f"t{int(trial_number):04d} {words}"
 
 
 # ---- the study ----------------------------------------------------------------------------------
@@ -190,7 +211,7 @@ class StudyTracker:
             # creating a second one.
             run = self._find_study_run()
             if run is None:
-                run = self.client.create_run(self.experiment_id(), tags=tags, run_name=self.study_name)
+                run = self.client.create_run(self.experiment_id(), tags=tags, run_name=study_run_name(self.study_name))
             return run
 
         run = self._call("starting the study run", find_or_create)
@@ -211,6 +232,10 @@ class StudyTracker:
                                     "the study driver creates it with start_study")
             self._study_run = run
         return self._study_run
+
+    def has_study_run(self) -> bool:
+        """Whether a study driver created the study run (an experiment made by hand has none)."""
+        return self._study_run is not None or self._find_study_run() is not None
 
     @property
     def study_run_id(self) -> str:
@@ -254,7 +279,7 @@ class StudyTracker:
         run_tags = {**_tags(tags), TAG + "kind": "trial", self.trial_tag: str(int(trial_number)),
                     TAG + "fingerprint": fingerprint, "mlflow.parentRunId": study.info.run_id}
         return self._open_run(f"the run of trial {trial_number}", lambda: self.find_trial_run(trial_number),
-                              run_tags, f"t{int(trial_number):04d}-{fingerprint}", trial_params(arch, train, budget))
+                              run_tags, trial_run_name(trial_number, arch, fingerprint), trial_params(arch, train, budget))
 
     def _find_seed_run(self, kind: str, key: str, value: str, seed: int, budget: str) -> Run | None:
         """The `kind` run tagged `cramnas.<key>` = `value` that trained with `seed` under `budget`."""
@@ -293,12 +318,12 @@ class StudyTracker:
                           train: Mapping[str, Any], budget: str, fingerprint: str | None = None) -> str:
         """The run training hand-designed config `name` (trainer/configs/<name>.yaml) with `seed`
         under `budget`, beside the confirmations: nested under the study run, named
-        `baseline-<name>-s1` (`index` = 1), tagged `cramnas.kind=baseline`, `baseline`, `seed`,
+        `<name> s1` (`index` = 1), tagged `cramnas.kind=baseline`, `baseline`, `seed`,
         `budget` and `fingerprint`, with the params of a trial run. Its results go through `finish_run`.
         """
         run_tags = {**self._seed_run_tags("baseline", seed, budget, fingerprint), TAG + "baseline": name}
         return self._open_run(f"baseline {name} with seed {seed}", lambda: self.find_baseline_run(name, seed, budget),
-                              run_tags, f"baseline-{name}-s{int(index)}", trial_params(arch, train, budget))
+                              run_tags, f"{name} s{int(index)}", trial_params(arch, train, budget))
 
     def _open_run(self, what: str, find: Callable[[], Run | None], tags: dict[str, str], run_name: str,
                   params: dict[str, str]) -> str:

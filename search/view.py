@@ -178,7 +178,4 @@ class StudyView:
         print(f"{references_text(self.plan)}: a trial that ends no lower than the first learned nothing beyond "
               "frequencies and copying the unchanged tokens")
         counts = ", ".join(f"{number} {state}" for state, number in self.counts.items() if number)
-        print(f"this session: {counts or 'no trials'}; study store {self.plan.storage}")
-        if trials:
-            print(f"export the winner:  python -m search.export --study {self.plan.study} "
-                  f"--tracking-uri {self.plan.tracking_uri}")
+        print(f"this session: {counts or 'no trials'}; study store {self.plan.storage}")  # next: search.next_steps

@@ -78,7 +78,7 @@ def test_baselines_train_with_the_candidates_seeds_once(wiki_slice_dir, slice_ca
         assert seed in SEEDS and params["train.seed"] == str(seed)  # the candidates' seeds, not the config's 123
         assert tags["cramnas.baseline"] == "hand-a" and tags["cramnas.budget"] == BUDGET
         assert tags["mlflow.parentRunId"] == study_run and tags["cramnas.state"] == "complete"
-        assert run.info.run_name == f"baseline-hand-a-s{SEEDS.index(seed) + 1}"
+        assert run.info.run_name == f"hand-a s{SEEDS.index(seed) + 1}"  # the two seeds told apart at a glance
         assert run.info.status == "FINISHED" and run.data.metrics["validation_loss"] > 0
         # The hand design's own recipe, not the study's.
         assert params["train.lr"] == str(recipes["hand-a"]["lr"]) != str(TRAIN["lr"])
@@ -209,7 +209,8 @@ def test_report_sets_the_search_against_each_baseline(tmp_path):
         study = write_synthetic_study(uri, "hd", 6, seed=3, optuna_store=False)
         page = report.write_report("hd", tmp_path / "none.html", uri, log_artifact=False).read_text()
         section = page.split('id="hand-design"')[1].split("</section>")[0]
-        assert "Search vs hand design" in section and "python -m search.confirm --study hd --baselines" in section
+        assert "Search vs hand design" in section and "python -m search.confirm --study hd --tracking-uri" in section
+        assert "--baselines crammed-bert-cpu,bert-original-cpu" in section
 
         write_confirmations(study, {0: [0.70, 0.74, 0.71], 1: [0.60, 0.61, 0.62]}, budget="120s")
         tracker = StudyTracker(uri, "hd")
@@ -228,5 +229,8 @@ def test_report_sets_the_search_against_each_baseline(tmp_path):
     shape = ArchConfig.from_dict(yaml.safe_load((CONFIGS / "crammed-bert-cpu.yaml").read_text())["arch"]).describe()
     assert "crammed-bert-cpu" in section and "bert-original-cpu" in section and shape.split()[0] in section
     assert "probe average [95% CI]" in section and "4.2M" in section
-    assert "outside noise: ahead" in section and "within noise" in section  # trial 0 against each
+    # Trial 0 against each, in words: who won, by how much, beyond the noise or not.
+    assert "search better by 0.103 in probe average (GLUE), outside noise" in section
+    assert "baseline better by 0.00333 in probe average (GLUE), within noise" in section
+    assert '<div class="table-wrap">' in section and 'class="ci"' in section  # scrolls, wraps: stays in its card
     assert section.count("<b>trial 0</b>") == 1 and "<b>trial 1</b>" in section

@@ -13,6 +13,7 @@ from PIL import Image
 
 from dashboards import report, screenshots
 from dashboards.data import load_study
+from search.next_steps import report_path
 from tests.dashboard_study import scratch_store, write_study
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -61,7 +62,7 @@ def test_every_page_was_photographed_without_leaving_loopback(shots):
 
 def test_report_shows_the_study_and_every_plot_drawn(shots):
     shot = shots["report"]
-    html = (shot.path.parent / "report.html").read_text()
+    html = (shot.path.parent / report_path(STUDY)).read_text()
     assert shot.errors == []
     assert STUDY in shot.found["title"]
     assert f"Study {STUDY}" in shot.found["headings"]

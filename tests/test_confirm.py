@@ -52,6 +52,9 @@ def test_top_k_crammed_with_new_seeds_once(confirm, capsys):
     originals = write_study(confirm.uri, "s", trials)
     assert confirm("s", "--top", "2", "--seeds", "2") == 0
     out = capsys.readouterr().out
+    # It ends by naming the report and the export, on the store it read (no --data: they read only the stores).
+    assert f"report: python -m dashboards.report --study s --tracking-uri {confirm.uri}" in out
+    assert f"export: python -m search.export --study s --tracking-uri {confirm.uri}" in out
     runs = confirmation_runs(confirm.uri, "s")
     assert len(runs) == 4
     study_run = StudyTracker(confirm.uri, "s").study_run_id

@@ -216,8 +216,37 @@ def test_report_with_one_trial(store, tmp_path):
     check_sections(page, "one")
     assert "unigram floor: <b>n/a</b>" in page  # recorded before the floor was: said, not a failure
     assert "No lineage (controller tpe)" in page
-    assert "needs at least 2 complete trials, has 1" in page
+    assert "needs at least 2 complete trials, has 1" in page and "on 1 complete trial." in page
     assert "No architecture parameter took more than one value" in page
+    assert "1 trial used" in page  # not "1 trials"
+
+
+def test_importance_on_too_few_trials_is_greyed_with_its_count(store, small, tmp_path):
+    write_study(store, "few", 6, controller="random", failed=(2,))
+    data = load_study("few", store)
+    result = param_importance("few", study_storage(store), data.trials, data.score)
+    assert result.trials == 5 and result.values and not result.reliable
+    page = report.write_report("few", tmp_path / "few.html", store, log_artifact=False).read_text()
+    section = page.split('id="importance"')[1].split("</section>")[0]
+    assert "on 5 complete trials" in section
+    assert f"Too few trials to rank parameters: 5 complete trials for {len(result.values)} parameters" in section
+    assert '<div class="greyed"' in section and section.count('class="plotly-graph-div"') == 1  # drawn, greyed
+    # The 10 complete trials of `small` are enough: no warning, nothing greyed.
+    page = report.write_report("small", tmp_path / "small.html", small.uri, log_artifact=False).read_text()
+    section = page.split('id="importance"')[1].split("</section>")[0]
+    assert "on 10 complete trials" in section and "greyed" not in section and "Too few" not in section
+
+
+@pytest.mark.parametrize("values, expected", [
+    ([19587.4], [19587.4 * 0.95, 19587.4 * 1.05]),  # one point: 5% either side, round ticks
+    ([19587.4, 19587.9], [19587.65 * 0.95, 19587.65 * 1.05]),  # a spread of nothing: the same
+    ([0.0], [-1.0, 1.0]),
+    ([6.8, 7.2], None),  # a real spread: plotly's own range
+    ([float("nan")], None),
+])
+def test_pareto_axes_of_a_single_point_get_a_readable_range(values, expected):
+    settings = report.readable_range(pd.Series(values))
+    assert settings.get("range") == (pytest.approx(expected) if expected else None)
 
 
 def test_report_with_failures_only(store, tmp_path):
@@ -247,6 +276,20 @@ def test_report_confirmation_section(small, tmp_path):
 
 
 # ---- the UI ---------------------------------------------------------------------------------------
+
+def test_ui_says_what_it_counted_when_there_is_nothing_to_compare(store, small):
+    # One complete trial, a pruned, a failed and a repeat one, and three confirmation runs: the
+    # MLflow UI shows six finished runs (study run, trials, confirmations), none a second complete trial.
+    study = write_study(store, "lonely", 4, controller="random", failed=(0,), pruned=(1,), repeats=(3,))
+    write_confirmations(study, {2: [0.7, 0.71, 0.72]}, budget="60s")
+    data = load_study("lonely", store)
+    line = ui.compare_line(data, ui.urls_of(data, "http://127.0.0.1:5055"))
+    assert line.startswith("nothing to compare yet: 1 complete trial with a probe average (GLUE) ")
+    assert "trial runs: 1 complete, 1 repeat, 1 pruned, 1 failed" in line
+    assert "the experiment's 3 confirmation runs are not trials" in line
+    data = load_study("small", small.uri)
+    assert ui.compare_line(data, ui.urls_of(data, "http://127.0.0.1:5055")).startswith("top 5 trials compared: http")
+
 
 def test_ui_urls_point_at_the_study(small):
     urls = ui.study_urls(small.uri, "small", "http://127.0.0.1:5055")

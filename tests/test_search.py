@@ -10,6 +10,7 @@ tests/reliability/'s.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -96,19 +97,28 @@ def test_asha_stops_trials_behind_on_their_train_loss(args, tmp_path):
     for trial in pruned:
         assert trial.user_attrs["failure_reason"].startswith("stopped early by ASHA after")
         assert len(trial.user_attrs["intermediate"]) < 16  # cut before its last progress report
-        assert by_trial[trial.number]["status"] == "KILLED" and by_trial[trial.number]["tags.cramnas.state"] == "pruned"
+        # FINISHED, not a failure's red cross in the MLflow UI; its last reported loss is its last metric.
+        assert by_trial[trial.number]["status"] == "FINISHED" and by_trial[trial.number]["tags.cramnas.state"] == "pruned"
+        assert by_trial[trial.number]["metrics.train_loss"] == trial.user_attrs["intermediate"][-1][1]
 
 
-def test_export_round_trips_into_trainer_cram(args, wiki_slice_dir, slice_cache, tmp_path):
+def test_export_round_trips_into_trainer_cram(args, wiki_slice_dir, slice_cache, tmp_path, capsys):
     from search.export import main as export_main
     from trainer.cram import main as cram_main
 
     assert main(args("export", "--trials", "3", "--controller", "random", "--objective", "mlm", "--no-probe",
                      "--no-early-stop")) == 0
+    # The search ends naming what comes next, with its own --data (the data as the study recorded it).
+    data = f"--data {shlex.quote(str(Path(wiki_slice_dir).resolve()))}"
+    steps = capsys.readouterr().out.split("next steps:")[-1]
+    assert "python -m dashboards.report --study export" in steps and "python -m dashboards.ui --study export" in steps
+    assert f"python -m search.confirm --study export --tracking-uri sqlite:///{tmp_path}/mlflow.db" in steps
+    assert data in steps and "--baselines crammed-bert-cpu,bert-original-cpu" in steps
     out = ROOT / "trainer" / "configs" / "test-export-best.yaml"
     try:
         assert export_main(["--study", "export", "--rank-by", "mlm", "--out", str(out),
                             "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]) == 0
+        assert f"cram it:  python -m trainer.cram --config {out} --budget 24h {data}" in capsys.readouterr().out
         exported = yaml.safe_load(out.read_text())
         study = optuna.load_study(study_name="export", storage=f"sqlite:///{tmp_path}/optuna.db")
         best = min((t for t in study.trials if t.state == TrialState.COMPLETE), key=lambda t: t.values[0])

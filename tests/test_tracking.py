@@ -65,7 +65,8 @@ def test_study_run_is_created_once_and_reused(uri, store):
     runs = runs_of(again)
     assert [r.info.run_id for r in runs] == [run_id]
     run = runs[0]
-    assert run.info.run_name == "resumed-study" and run.info.status == "RUNNING"
+    # Named apart from its trials, which sit nested under it.
+    assert run.info.run_name == "study resumed-study" and run.info.status == "RUNNING"
     assert run.data.tags["cramnas.kind"] == "study"
     assert run.data.tags["cramnas.controller"] == "evolution"
     assert run.data.tags["cramnas.code_version"] == "def456"  # tags follow the current driver
@@ -79,7 +80,8 @@ def test_study_run_is_created_once_and_reused(uri, store):
 def test_trial_run_is_nested_with_readable_params_and_tags(tracker):
     run_id = tracker.open_trial_run(3, ARCH, TRAIN, FINGERPRINT, {"generation": 1, "mutation": None})
     run = MlflowClient(tracker.uri).get_run(run_id)
-    assert run.info.run_name == f"t0003-{FINGERPRINT}"
+    # Trial first, then the architecture in words; the fingerprint stays findable as a tag.
+    assert run.info.run_name == "t0003 2x128/2h geglu pre-norm scaled_sinusoidal"
     tags = run.data.tags
     assert tags["mlflow.parentRunId"] == tracker.study_run_id
     assert tags["cramnas.trial"] == "3" and tags["cramnas.kind"] == "trial"
@@ -89,6 +91,17 @@ def test_trial_run_is_nested_with_readable_params_and_tags(tracker):
     assert "cramnas.mutation" not in tags
     assert run.data.params["arch.layers"] == "2" and run.data.params["arch.position"] == "scaled_sinusoidal"
     assert run.data.params["train.lr"] == "0.002" and run.data.params["budget"] == "120s"
+
+
+@pytest.mark.parametrize("arch, name", [
+    ({**ARCH, "layers": 4, "ffn_kind": "swiglu", "position": "rotary"}, "t0012 4x128/2h swiglu pre-norm rotary"),
+    ({"layers": 3}, "t0012 3x768/12h geglu pre-norm scaled_sinusoidal"),  # an older record: defaults fill the rest
+    ({**ARCH, "hidden": 129}, f"t0012 {FINGERPRINT}"),  # impossible (129 in 2 heads): no words to give
+    ({}, f"t0012 {FINGERPRINT}"),  # rebuilt by `reconcile` from a trial that recorded no architecture
+])
+def test_trial_run_names_give_the_architecture_when_there_is_one(tracker, arch, name):
+    run_id = tracker.open_trial_run(12, arch, TRAIN, FINGERPRINT)
+    assert MlflowClient(tracker.uri).get_run(run_id).info.run_name == name
 
 
 def test_param_names_read_well():
@@ -152,7 +165,7 @@ def test_progress_and_finish_log_metrics_artifacts_and_status(tracker, tmp_path)
 
 
 @pytest.mark.parametrize("state, reason, cut_short, status", [
-    ("pruned", None, False, "KILLED"),
+    ("pruned", None, False, "FINISHED"),  # not KILLED: the MLflow UI draws it with a failure's red cross
     ("failed", "out of memory", False, "FAILED"),
     ("failed", "driver died", True, "KILLED"),
     ("repeat", None, False, "FINISHED"),
@@ -167,6 +180,18 @@ def test_each_state_ends_the_run_with_its_status(tracker, state, reason, cut_sho
     for wrong in ("DONE", "FINISHED", "running"):
         with pytest.raises(ValueError, match="state"):
             tracker.finish_run(run_id, wrong)
+
+
+def test_a_pruned_trial_finishes_with_its_last_reported_loss(tracker):
+    # As the searcher does: progress reports, then the end without the train loss (already logged).
+    run_id = tracker.open_trial_run(6, ARCH, TRAIN, FINGERPRINT)
+    for tokens, loss in ((1000, 7.5), (2000, 6.8)):
+        tracker.log_progress(run_id, tokens, {"train_loss": loss, "tokens_per_s": 900.0})
+    tracker.finish_run(run_id, "pruned", {"tokens": 2000, "tokens_per_s": 900.0},
+                       reason="stopped early by ASHA after 2 of its reports")
+    run = MlflowClient(tracker.uri).get_run(run_id)
+    assert run.info.status not in ("FAILED", "KILLED") and run.data.tags["cramnas.state"] == "pruned"
+    assert run.data.metrics["train_loss"] == 6.8
 
 
 def test_a_run_cut_short_is_reopened_when_its_trial_runs_again(tracker):

@@ -19,7 +19,7 @@ def test_agreeing_stores_pass_and_the_total_is_checked(tmp_path, capsys):
     audit = audit_study("fine", uri, trials=6)
     assert audit.ok, audit.problems
     assert (audit.counts["complete"], audit.counts["pruned"], audit.counts["failed"]) == (4, 1, 1)
-    assert audit.runs == {"FINISHED": 4, "KILLED": 1, "FAILED": 1}
+    assert audit.runs == {"FINISHED": 5, "FAILED": 1}  # the pruned trial's run is FINISHED too
     assert audit_study("fine", uri, trials=7).problems == ["complete + pruned + failed = 6, expected 7"]
     assert main(["--study", "fine", "--tracking-uri", uri, "--trials", "6"]) == 0
     assert "consistent" in capsys.readouterr().out
@@ -29,7 +29,7 @@ def test_each_disagreement_is_one_problem(tmp_path, capsys):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     study = write_study(uri, "broken", 5, failed=(2,), pruned=(3,))
     client = MlflowClient(uri)
-    client.set_terminated(study.trials[3].run_id, "FINISHED")  # the study says pruned
+    client.set_terminated(study.trials[3].run_id, "KILLED")  # the study says pruned, which ends FINISHED
     client.set_tag(study.trials[2].run_id, "cramnas.failure_reason", "")  # a failure without its reason
     # A second run for trial 1, as a replayed create would make; and a run for a trial Optuna never had.
     tracker = StudyTracker(uri, "broken")
@@ -41,7 +41,7 @@ def test_each_disagreement_is_one_problem(tmp_path, capsys):
     assert len(problems) == 4, problems
     assert any(p.startswith("trial 1: 2 MLflow runs") for p in problems)
     assert any(p.startswith("trial 2: failed without") for p in problems)
-    assert any(p.startswith("trial 3: Optuna says pruned") and "FINISHED" in p for p in problems)
+    assert any(p.startswith("trial 3: Optuna says pruned") and "KILLED" in p for p in problems)
     assert any("trial 9, which the Optuna study does not count" in p for p in problems)
     # The stray run is RUNNING, but it is reported as uncounted only, not as some trial's RUNNING run.
     assert client.get_run(stray).info.status == "RUNNING"
