@@ -14,7 +14,8 @@ measurements they came from.
 
 Each timed step is the training loop's: `trainer.loop.mlm_backward` on a micro-batch of 32 rows of
 64 random tokens (vocab 2048, 25% predicted), gradient clipping, a fused AdamW step. Architectures
-take turns within each repeat, so a change in the machine's load hits them alike; the median over
+take turns within each repeat, each repeat starting at the next one, so a change in the machine's
+load hits them alike; the median over
 repeats is kept. Run it on an idle machine: a loaded core makes every model slower, and not by the
 same factor.
 """
@@ -111,8 +112,10 @@ def measure(archs: list[ArchConfig], steps: int, repeats: int, warmup: int) -> l
         for _ in range(warmup):
             step(model, optimizer)
     timings: list[list[float]] = [[] for _ in archs]
-    for _ in range(repeats):
-        for index, (model, optimizer) in enumerate(zip(models, optimizers)):
+    for repeat in range(repeats):
+        # Each repeat starts at another architecture, so a burst of load does not always hit the same one.
+        for index in (np.arange(len(archs)) + repeat) % len(archs):
+            model, optimizer = models[index], optimizers[index]
             start = time.perf_counter()
             for _ in range(steps):
                 step(model, optimizer)

@@ -115,7 +115,7 @@ class ReferenceCore:
         return cls(tuple(values), str(path))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference_core() -> ReferenceCore:
     """trainer/reference_core.yaml, read once per process (every trial's budget resolves through it)."""
     return ReferenceCore.load(REFERENCE_CORE)

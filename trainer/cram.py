@@ -161,8 +161,8 @@ def cram_with_model(arch: ArchConfig, train: TrainConfig, data: PretrainData, bu
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.cram", description="Cram one architecture under a budget.")
     parser.add_argument("--config", help="run config YAML, e.g. trainer/configs/crammed-bert-cpu.yaml")
-    parser.add_argument("--budget", help="60s, 5m, 24h (wall-clock), 2e7tokens, 1e15flops, 180refs (seconds of the "
-                        "reference core) or cramming-day (the compute of Cramming's 24 hours on an A6000) (default: 24h)")
+    parser.add_argument("--budget", help="60s, 5m, 24h (wall-clock), 2e7tokens, 1e15flops, cramming-day (the compute "
+                        "of Cramming's 24 hours on an A6000) or 180refs (seconds of the reference core) (default: 24h)")
     add_data_arguments(parser, data_help="local data directory (DATA/pretrain/<name>/{train,validation}.parquet)")
     parser.add_argument("--out", help="checkpoint directory (default: runs/<config name>-<budget>)")
     parser.add_argument("--seed", type=int, help="overrides train.seed")
