@@ -226,3 +226,26 @@ def test_the_written_file_is_what_budgets_read(tmp_path, monkeypatch):
     record = yaml.safe_load((tmp_path / "core.yaml").read_text())
     assert record["provisional"] == "measured under load" and record["max_relative_error"] == 0
     assert [row["arch"] for row in record["architectures"]] == [arch.describe() for arch in archs]
+
+
+def test_search_judges_a_reference_budget_on_the_fastest_architecture(tmp_path, monkeypatch):
+    import random
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from search.run import repeat_warning_for_study
+    from space import load_space
+    from tests.helpers import ROOT
+    from trainer.config import TrainConfig
+
+    space, train = load_space(ROOT / "tests" / "search_files" / "tiny_space.yaml"), TrainConfig(mlm_rate=0.25)
+    data = SimpleNamespace(train=np.zeros((1000, 64), dtype=np.uint16), seq_len=64)  # 64,000 tokens
+    reference = write_reference(tmp_path / "reference.yaml", layer=1e-5, token=1e-5)
+    monkeypatch.setattr(budget_module, "reference_core", lambda: reference)
+    rng = random.Random(1)
+    costs = [reference.seconds_per_token(space.sample_random(rng), 0.25) for _ in range(200)]
+    # Twice the corpus even for the slowest architecture: every trial would repeat it ...
+    assert repeat_warning_for_study(Budget.parse(f"{2 * 64_000 * max(costs)!r}refs"), space, train, data)
+    # ... half of it for the fastest: none would.
+    assert repeat_warning_for_study(Budget.parse(f"{0.5 * 64_000 * min(costs)!r}refs"), space, train, data) is None
