@@ -6,7 +6,7 @@ Reference-core seconds (`180refs`) are both: 180 seconds of one reference CPU co
 each architecture's FLOPs through that core's measured speed (`ReferenceCore`), so a CPU study is
 deterministic like a FLOP budget and fair like a clock. A FLOP budget is not: one core runs width-64
 models at 33-39 GFLOP/s and 2x128 at 47-51 (their norms, activations and per-layer overheads weigh
-more), so FLOPs favour the narrow models by ~1.4x over equal wall-clock (benchmarks/RESULTS.md,
+more), so FLOPs favour the narrow models by ~1.3-1.4x over equal wall-clock (benchmarks/RESULTS.md,
 "Budgets that behave like a clock").
 Whatever the kind, the learning rate and the batch-size ramp are functions of `fraction` in [0, 1],
 so the same recipe stretches to any budget.
@@ -24,19 +24,21 @@ because they are what a GPU's day buys whatever the architecture (in cramnas's c
                                                assumed, typical of a tuned BERT-base at seq_len 128
     = 5.35e18 FLOPs
 
+Cross-check against what the paper reports of the recipe: sequences of 128 tokens, micro-batches of
+128 and batches of 4096 sequences, the step count capped at 600,000 micro-batches
+(9.8e9 tokens). crammed-bert's 6.2e8 FLOPs per token (trainer/configs/crammed-bert.yaml) make
+5.35e18 FLOPs 8.6e9 tokens: 524,000 micro-batches, 16,400 steps of 4096, just under that cap.
+
 The reference core's model (`ReferenceCore`, fitted by benchmarks/reference_core.py, constants
 in trainer/reference_core.yaml with the CPU, date and measurements they came from): seconds per
 token = a x matmul FLOPs/token + b x elementwise FLOPs/token + c x layers + d, non-negative
 coefficients. `Budget.resolve(arch, mlm_rate)` turns `180refs` into the FLOP budget of 180 / that
 x the architecture's FLOPs per token (its text stays `180refs`, for records); every other budget
-resolves to itself. Where a budget meets its architecture (`trainer.cram.cram_with_model`, the
-data preparation of `trainer.cram`, search.run's corpus check) it is resolved, so the training
-loop only ever sees seconds, tokens or FLOPs.
-
-Cross-check against what the paper reports of the recipe: sequences of 128 tokens, micro-batches of
-128 and batches of 4096 sequences, the step count capped at 600,000 micro-batches
-(9.8e9 tokens). crammed-bert's 6.2e8 FLOPs per token (trainer/configs/crammed-bert.yaml) make
-5.35e18 FLOPs 8.6e9 tokens: 524,000 micro-batches, 16,400 steps of 4096, just under that cap.
+resolves to itself. The fit is made at the CPU profile's shapes (seq 64, micro-batch 32, one
+thread): there it is a clock; far from them (GPU-scale models) it extrapolates. Where a budget
+meets its architecture (`trainer.cram.cram_with_model`, the data preparation of `trainer.cram`,
+search.run's corpus check) it is resolved, so the training loop only ever sees seconds, tokens or
+FLOPs.
 """
 
 from __future__ import annotations
@@ -78,7 +80,6 @@ class ReferenceCore:
     make narrow models slower per FLOP."""
 
     coefficients: tuple[float, float, float, float]  # seconds per unit of each of FEATURES
-    source: str  # where they were read, for messages
 
     FEATURES = ("matmul_flop", "elementwise_flop", "layer", "token")
 
@@ -112,7 +113,7 @@ class ReferenceCore:
             values.append(float(value))
         if values[0] <= 0:  # every architecture has matmuls: without their cost no speed is positive
             raise BudgetError(f"budget: {path}: coefficients.matmul_flop must be positive; {REMEASURE}")
-        return cls(tuple(values), str(path))
+        return cls(tuple(values))
 
 
 @functools.cache
