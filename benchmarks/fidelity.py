@@ -34,7 +34,7 @@ from space.search_space import load_space
 from trainer.budget import Budget
 from trainer.config import TrainConfig, load_run_config
 
-UNIT = {"seconds": "s", "tokens": "tokens", "flops": "flops"}  # Budget.kind -> the unit Budget.parse reads
+UNIT = {"seconds": "s", "tokens": "tokens", "flops": "flops", "refs": "refs"}  # Budget.kind -> the unit Budget.parse reads
 
 
 def profile_setup(name: str) -> tuple[dict, TrainConfig, object]:

@@ -42,7 +42,7 @@ from trainer.budget import Budget
 from trainer.config import load_run_config
 from trainer.regimes import regime_of
 
-UNIT = {"seconds": "s", "tokens": "tokens", "flops": "flops"}  # Budget.kind -> the unit Budget.parse reads
+UNIT = {"seconds": "s", "tokens": "tokens", "flops": "flops", "refs": "refs"}  # Budget.kind -> the unit Budget.parse reads
 COLUMNS = {"validation_loss": "validation loss", "nats_below_floor": "nats below corruption floor",
            "probe_average": "probe average"}
 BASELINES = "crammed-bert-cpu,bert-original-cpu,neobert-cpu,modernbert-cpu,sized-cpu"

@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trials", type=int, default=200, help="trials in the study, in total (resume included)")
     parser.add_argument("--controller", default="tpe", choices=sorted(CONTROLLERS))
     parser.add_argument("--space", help="search-space YAML (default: the device profile's)")
-    parser.add_argument("--budget", help="per-trial budget: 60s, 5m, 2e7tokens, 1e15flops, cramming-day ... "
+    parser.add_argument("--budget", help="per-trial budget: 60s, 5m, 2e7tokens, 1e15flops, 180refs, cramming-day ... "
                         "(default: the profile's)")
     parser.add_argument("--objective", choices=sorted(OBJECTIVES), help="default: the profile's (cpu: mlm, gpu: probe)")
     parser.add_argument("--study", help="study name (default: generated and printed)")
@@ -134,18 +134,26 @@ def repeat_warning_for_study(budget: Budget, space: SearchSpace, train: TrainCon
                              trial_gpus: float = 0) -> str | None:
     """One line when a trial's budget would read the prepared corpus more than once (every trial
     reads it in the same order from the start), judged on the cheapest of 64 random draws of the
-    space: a FLOP budget gives it the most tokens, and it is the fastest. A wall-clock budget times
+    space: a FLOP budget gives it the most tokens, and it is the fastest (in reference-core
+    seconds, the cheapest is the fastest on the reference core). A wall-clock budget times
     that architecture here (a few passes, seconds) on the kind of device the trials get
     (`trial_gpus`): on the CPU for CPU trials, so that the driver leaves no CUDA context on GPU 0
     beside them. On a cluster whose trials run on faster devices than the driver's, the warning
     can come too late or not at all."""
+    import functools
     import random
 
+    from space.arch import ArchConfig
+    from trainer.budget import reference_core
     from trainer.epochs import corpus_tokens, repeat_warning
 
     rng = random.Random(0)
-    cheapest = min((space.sample_random(rng) for _ in range(64)),
-                   key=lambda arch: arch.flops_per_token(data.seq_len, train.mlm_rate))
+    if budget.kind == "refs":
+        cost = functools.partial(reference_core().seconds_per_token, mlm_rate=train.mlm_rate)
+    else:
+        cost = functools.partial(ArchConfig.flops_per_token, seq_len=data.seq_len, mlm_rate=train.mlm_rate)
+    cheapest = min((space.sample_random(rng) for _ in range(64)), key=cost)
+    budget = budget.resolve(cheapest, train.mlm_rate)
     flops = cheapest.flops_per_token(data.seq_len, train.mlm_rate)
     speed = None
     if budget.kind == "seconds":

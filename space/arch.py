@@ -24,6 +24,7 @@ from space.errors import CramnasError
 # these keys (a test checks they agree), so adding a variant means one entry here and one there.
 FFN_KINDS = ("gelu", "relu", "relu2", "silu", "geglu", "swiglu", "reglu")
 GATED_FFN_KINDS = ("geglu", "swiglu", "reglu")
+GATE_ACTIVATIONS = {"geglu": "gelu", "swiglu": "silu", "reglu": "relu"}  # what each gated kind applies to its gate
 NORM_KINDS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post", "sandwich")
 POSITIONS = ("learned", "sinusoidal", "scaled_sinusoidal", "rotary", "alibi", "none")
@@ -37,6 +38,26 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # Fraction of tokens whose vocabulary logits are computed under sparse prediction: Cramming's MLM
 # masking rate. Only used to count decoder FLOPs; the trainer's own rate is a training setting.
 DEFAULT_MLM_RATE = 0.25
+
+# FLOPs per element of the ops `ArchConfig.elementwise_flops_per_token` counts (forward). A
+# transcendental (exp, erf) is counted as a few ops, the cost of the polynomial a vectorised math
+# library evaluates it with; everything else is its arithmetic written out. Approximate by nature:
+# they only need to rank variants and scale with width as the real ops do.
+ELEMENTWISE_OPS: dict[str, int] = {
+    "layernorm": 6,  # mean: sum; centre: subtract; variance: square, sum; scale by 1/std; x weight
+    "rmsnorm": 4,  # mean square: square, sum; scale by 1/rms; x weight (no centring)
+    "bias": 1,  # one add per element: biases (norm_bias too), absolute positions, segments, ALiBi
+    "gelu": 8,  # 0.5 x (1 + erf(x / sqrt 2)) x x: erf ~5 (polynomial), a divide, an add, two multiplies
+    "silu": 8,  # x / (1 + exp(-x)): exp ~5, a negate, an add, a divide
+    "relu": 1,  # a max
+    "relu2": 2,  # a max and a square
+    "glu": 1,  # activation(gate) x value
+    "scale": 1,  # scores x 1/sqrt(head_dim)
+    "softmax": 5,  # per score: max, subtract, exp, sum, divide
+    "rotary": 3,  # q cos + rotate_half(q) sin: two multiplies and an add (the half-swap only moves data)
+    "residual": 1,  # x + f(x)
+    "cross_entropy": 5,  # per logit of a predicted token: log-softmax's max, subtract, exp, sum, and the log
+}
 
 # Exponent notation that PyYAML (YAML 1.1) leaves as text: its floats need a dot and a signed exponent.
 _TEXT_EXPONENT = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))[eE]([+-]?)(\d+)")
@@ -174,15 +195,20 @@ class ArchConfig:
         return embed + self.layers * layer + head + decoder
 
     def flops_per_token(self, seq_len: int | None = None, mlm_rate: float = DEFAULT_MLM_RATE) -> float:
-        """Training FLOPs per input token: forward + backward = 3 x forward (Kaplan et al. 2020).
+        """Training matmul FLOPs per input token: forward + backward = 3 x forward (Kaplan et al. 2020).
 
         Forward counts 2 FLOPs per multiply-add of every matmul: the layer weights, the attention
         scores and their weighted sum (2 x keys x hidden each, keys = seq_len in a global layer and
         min(seq_len, 2 x local_window + 1) in a local one), the head transform and the vocabulary
-        projection. Under sparse prediction the head runs on `mlm_rate` of the tokens only.
-        Embedding lookups, norms, activations and softmax are ignored (<2%). Local layers count the
-        keys in their window, what a sliding-window kernel computes; trainer.model's masked dense
-        attention computes every score, so on it they cost as global ones.
+        projection. Under sparse prediction the head runs on `mlm_rate` of the tokens only. Without
+        a window it equals torch's FlopCounterMode on the built model in every variant; local
+        layers count the keys in their window, what a sliding-window kernel computes, while
+        trainer.model's masked dense attention computes every score, so on it they cost as global ones.
+
+        Matmuls only, as the scaling-law literature counts (Kaplan et al. 2020, Hoffmann et al.
+        2022), and what FLOP budgets are measured in. The ops it leaves out (norms, activations,
+        GLU products, softmax, biases, residual adds, positions, the loss) are
+        `elementwise_flops_per_token`: 3-5% of this at width 64, less the wider the model.
         """
         t = seq_len or self.max_seq_len
         h, i = self.hidden, self.ffn_inner
@@ -193,6 +219,38 @@ class ArchConfig:
         head = predicted * (2 * h * h * self.head_transform + 2 * h * self.vocab_size)
         return 3.0 * (self.layers * weights + attention + head)
 
+    def elementwise_flops_per_token(self, seq_len: int | None = None, mlm_rate: float = DEFAULT_MLM_RATE) -> float:
+        """Training FLOPs per input token of the ops `flops_per_token` leaves out: norms, activations,
+        GLU products, softmax, biases, residual adds, positions and the loss, at the per-element
+        costs of ELEMENTWISE_OPS; forward + backward = 3 x forward, as `flops_per_token` counts.
+
+        Not FLOPs a budget spends: what a CPU spends time on besides matmuls (they run at a
+        fraction of a matmul's FLOP/s), one input of `trainer.budget`'s reference-core model.
+        Dropout (0 in Cramming's recipe) and the optimizer step (per parameter, not per token)
+        are left out.
+        """
+        t = seq_len or self.max_seq_len
+        h, i, v = self.hidden, self.ffn_inner, self.vocab_size
+        ops = ELEMENTWISE_OPS
+        norm = h * (ops[self.norm_kind] + ops["bias"] * self.norm_bias)
+        # Each query meets every key in every head: trainer.model's masked attention computes all
+        # scores in a local layer too, so this counts what the device spends, not the window.
+        scores = self.heads * t
+        attention = scores * (ops["scale"] + ops["softmax"] + ops["bias"] * (self.position == "alibi"))
+        attention += 2 * h * ops["rotary"] * (self.position == "rotary")  # queries and keys
+        attention += ops["bias"] * (3 * h * self.qkv_bias + h * self.attn_out_bias)
+        activation = ops[GATE_ACTIVATIONS.get(self.ffn_kind, self.ffn_kind)]
+        ffn = i * (activation + ops["glu"] * self.gated)
+        ffn += ops["bias"] * ((2 * i if self.gated else i) + h) * self.ffn_bias
+        layer = self.norms_per_layer * norm + attention + ffn + 2 * h * ops["residual"]
+        absolute = self.position in ("learned", "sinusoidal", "scaled_sinusoidal")
+        embed = h * ops["bias"] * (absolute + self.segment_embeddings) + norm * self.embedding_norm
+        predicted = mlm_rate if self.sparse_prediction else 1.0  # rows whose logits are computed
+        head = predicted * ((ops["bias"] * self.ffn_bias + ops["gelu"]) * h + norm) * self.head_transform
+        head += predicted * v * ops["bias"] * self.decoder_bias
+        head += mlm_rate * v * ops["cross_entropy"]  # the loss is taken at the masked tokens only
+        return 3.0 * (embed + self.layers * layer + norm * self.final_norm + head)
+
     def derived(self) -> dict[str, float]:
         """Quantities a search-space constraint may name besides the fields themselves."""
         flops = self.flops_per_token()
@@ -202,6 +260,7 @@ class ArchConfig:
             "ffn_inner": self.ffn_inner,
             "flops_per_token": flops,
             "gflops_per_token": flops / 1e9,
+            "elementwise_flops_per_token": self.elementwise_flops_per_token(),
         }
 
     # ---- serialisation -----------------------------------------------------------------------

@@ -2,6 +2,12 @@
 
 True cramming fixes wall-clock (`24h`, `5m`, `60s`): a faster architecture sees more tokens. Token
 (`2e7tokens`) and FLOP (`1e15flops`) budgets give reproducible comparisons on noisy machines.
+Reference-core seconds (`180refs`) are both: 180 seconds of one reference CPU core, converted into
+each architecture's FLOPs through that core's measured speed (`ReferenceCore`), so a CPU study is
+deterministic like a FLOP budget and fair like a clock. A FLOP budget is not: one core runs width-64
+models at 33-39 GFLOP/s and 2x128 at 47-51 (their norms, activations and per-layer overheads weigh
+more), so FLOPs favour the narrow models by ~1.3-1.4x over equal wall-clock (benchmarks/RESULTS.md,
+"Budgets that behave like a clock").
 Whatever the kind, the learning rate and the batch-size ramp are functions of `fraction` in [0, 1],
 so the same recipe stretches to any budget.
 
@@ -22,18 +28,40 @@ Cross-check against what the paper reports of the recipe: sequences of 128 token
 128 and batches of 4096 sequences, the step count capped at 600,000 micro-batches
 (9.8e9 tokens). crammed-bert's 6.2e8 FLOPs per token (trainer/configs/crammed-bert.yaml) make
 5.35e18 FLOPs 8.6e9 tokens: 524,000 micro-batches, 16,400 steps of 4096, just under that cap.
+
+The reference core's model (`ReferenceCore`, fitted by benchmarks/reference_core.py, constants
+in trainer/reference_core.yaml with the CPU, date and measurements they came from): seconds per
+token = a x matmul FLOPs/token + b x elementwise FLOPs/token + c x layers + d, non-negative
+coefficients. `Budget.resolve(arch, mlm_rate)` turns `180refs` into the FLOP budget of 180 / that
+x the architecture's FLOPs per token (its text stays `180refs`, for records); every other budget
+resolves to itself. The fit is made at the CPU profile's shapes (seq 64, micro-batch 32, one
+thread): there it is a clock; far from them (GPU-scale models) it extrapolates. Where a budget
+meets its architecture (`trainer.cram.cram_with_model`, the data preparation of `trainer.cram`,
+search.run's corpus check) it is resolved, so the training loop only ever sees seconds, tokens or
+FLOPs.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+import yaml
+
+from space.arch import DEFAULT_MLM_RATE
 from space.errors import CramnasError
 
+if TYPE_CHECKING:
+    from space.arch import ArchConfig
+
 UNITS = {"s": ("seconds", 1.0), "m": ("seconds", 60.0), "h": ("seconds", 3600.0),
-         "tokens": ("tokens", 1.0), "flops": ("flops", 1.0)}
+         "tokens": ("tokens", 1.0), "flops": ("flops", 1.0), "refs": ("refs", 1.0)}
+REFERENCE_CORE = Path(__file__).with_name("reference_core.yaml")
+REMEASURE = "re-measure it with: python benchmarks/reference_core.py --write"
 # name -> (kind, amount); the derivation of each is in the module docstring.
 NAMED_BUDGETS = {"cramming-day": ("flops", 24 * 3600 * 154.8e12 * 0.40)}
 _BUDGET = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
@@ -44,8 +72,59 @@ class BudgetError(CramnasError):
 
 
 @dataclass(frozen=True)
+class ReferenceCore:
+    """The reference core's training speed: seconds per token as a non-negative combination of
+    FEATURES (matmul FLOPs, elementwise FLOPs, layers, one), measured and fitted by
+    benchmarks/reference_core.py. Matmul FLOPs alone would make it a FLOP budget again: the
+    elementwise ops and the per-layer and per-token overheads (kernel launches, Python) are what
+    make narrow models slower per FLOP."""
+
+    coefficients: tuple[float, float, float, float]  # seconds per unit of each of FEATURES
+
+    FEATURES = ("matmul_flop", "elementwise_flop", "layer", "token")
+
+    @staticmethod
+    def features(arch: ArchConfig, mlm_rate: float = DEFAULT_MLM_RATE) -> tuple[float, float, float, float]:
+        """Per token, at the architecture's own sequence length (what it trains at)."""
+        t = arch.max_seq_len
+        return (arch.flops_per_token(t, mlm_rate), arch.elementwise_flops_per_token(t, mlm_rate), arch.layers, 1.0)
+
+    def seconds_per_token(self, arch: ArchConfig, mlm_rate: float = DEFAULT_MLM_RATE) -> float:
+        return sum(c * f for c, f in zip(self.coefficients, self.features(arch, mlm_rate)))
+
+    @classmethod
+    def load(cls, path: str | Path = REFERENCE_CORE) -> ReferenceCore:
+        """The coefficients of a reference_core.yaml, checked: each error is one line naming the field."""
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as error:
+            reason = error.strerror if isinstance(error, OSError) else "not valid YAML"
+            raise BudgetError(f"budget: reference-core seconds need {path} ({reason}); {REMEASURE}") from None
+        table = data.get("coefficients") if isinstance(data, dict) else None
+        if not isinstance(table, dict):
+            raise BudgetError(f"budget: {path} has no coefficients mapping; {REMEASURE}")
+        values = []
+        for name in cls.FEATURES:
+            value = table.get(name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise BudgetError(f"budget: {path}: coefficients.{name} must be a non-negative number, got {value!r}; "
+                                  f"{REMEASURE}")
+            values.append(float(value))
+        if values[0] <= 0:  # every architecture has matmuls: without their cost no speed is positive
+            raise BudgetError(f"budget: {path}: coefficients.matmul_flop must be positive; {REMEASURE}")
+        return cls(tuple(values))
+
+
+@functools.cache
+def reference_core() -> ReferenceCore:
+    """trainer/reference_core.yaml, read once per process (every trial's budget resolves through it)."""
+    return ReferenceCore.load(REFERENCE_CORE)
+
+
+@dataclass(frozen=True)
 class Budget:
-    kind: str  # seconds | tokens | flops
+    kind: str  # seconds | tokens | flops | refs (reference-core seconds: `resolve` before training)
     amount: float
     text: str  # as the user wrote it, for records
 
@@ -58,28 +137,48 @@ class Budget:
         match = _BUDGET.match(str(text))
         if match and not match.group(2):
             number = match.group(1)
-            raise BudgetError(f"budget: {text!r} has no unit; write e.g. {number}s, {number}tokens or {number}flops")
+            raise BudgetError(f"budget: {text!r} has no unit; write e.g. {number}s, {number}tokens, {number}flops "
+                              f"or {number}refs")
         if not match or match.group(2).lower() not in UNITS:
-            raise BudgetError(f"budget: cannot read {text!r}; write e.g. 60s, 5m, 24h, 2e7tokens, 1e15flops "
+            raise BudgetError(f"budget: cannot read {text!r}; write e.g. 60s, 5m, 24h, 2e7tokens, 1e15flops, 180refs "
                               f"or a name ({', '.join(NAMED_BUDGETS)})")
         kind, scale = UNITS[match.group(2).lower()]
         amount = float(match.group(1)) * scale
         if amount <= 0 or not math.isfinite(amount):
             raise BudgetError(f"budget: {text!r} must be positive and finite; write e.g. 60s or 2e7tokens")
+        if kind == "refs":
+            reference_core()  # a missing or broken reference file fails here, before any work
         return cls(kind, amount, str(text).strip())
+
+    def resolve(self, arch: ArchConfig, mlm_rate: float = DEFAULT_MLM_RATE,
+                reference: ReferenceCore | None = None) -> Budget:
+        """The budget `arch` trains under: reference-core seconds become the FLOPs the reference core
+        spends on `arch` in that time (amount / its seconds per token x its FLOPs per token), the
+        text kept; any other budget is already one and comes back as it is."""
+        if self.kind != "refs":
+            return self
+        tokens = self.amount / (reference or reference_core()).seconds_per_token(arch, mlm_rate)
+        return Budget("flops", tokens * arch.flops_per_token(arch.max_seq_len, mlm_rate), self.text)
 
     def fraction(self, seconds: float, tokens: int, flops: float) -> float:
         """Fraction of the budget spent (may exceed 1 by the last step's overshoot)."""
+        self._check_resolved()
         spent = {"seconds": seconds, "tokens": tokens, "flops": flops}[self.kind]
         return spent / self.amount
 
     def tokens_left(self, tokens: int, flops_per_token: float) -> float:
         """Tokens that still fit a token or FLOP budget (inf for wall-clock budgets)."""
+        self._check_resolved()
         if self.kind == "tokens":
             return self.amount - tokens
         if self.kind == "flops":
             return self.amount / flops_per_token - tokens
         return math.inf
+
+    def _check_resolved(self) -> None:
+        if self.kind == "refs":  # a caller's mistake, not the user's: name the fix for the code
+            raise BudgetError(f"budget: {self.text} is reference-core seconds, which spend nothing until "
+                              "Budget.resolve converts them for an architecture")
 
 
 def triangle_lr(fraction: float, base: float = 0.25, peak_at: float = 0.75) -> float:

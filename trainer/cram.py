@@ -119,6 +119,7 @@ def cram_with_model(arch: ArchConfig, train: TrainConfig, data: PretrainData, bu
                     before_forward: Callable[[int], None] | None = None,
                     long_run: resume.LongRun | None = None) -> tuple[CrammedBert, CramResult]:
     """`cram`, also returning the trained model (eval mode): a search trial probes it in memory."""
+    budget = budget.resolve(arch, train.mlm_rate)  # reference-core seconds become this arch's FLOPs
     if data.vocab_size != arch.vocab_size or data.seq_len != arch.max_seq_len:
         raise ValueError(f"data: prepared for vocab {data.vocab_size}/seq {data.seq_len} but the architecture "
                          f"has vocab_size {arch.vocab_size}/max_seq_len {arch.max_seq_len}; prepare it again")
@@ -161,8 +162,8 @@ def cram_with_model(arch: ArchConfig, train: TrainConfig, data: PretrainData, bu
 def main(argv: list[str] | None = None) -> int:
     parser = CliParser(prog="python -m trainer.cram", description="Cram one architecture under a budget.")
     parser.add_argument("--config", help="run config YAML, e.g. trainer/configs/crammed-bert-cpu.yaml")
-    parser.add_argument("--budget", help="60s, 5m, 24h (wall-clock), 2e7tokens, 1e15flops or cramming-day "
-                        "(the compute of Cramming's 24 hours on an A6000) (default: 24h)")
+    parser.add_argument("--budget", help="60s, 5m, 24h (wall-clock), 2e7tokens, 1e15flops, cramming-day (the compute "
+                        "of Cramming's 24 hours on an A6000) or 180refs (seconds of the reference core) (default: 24h)")
     add_data_arguments(parser, data_help="local data directory (DATA/pretrain/<name>/{train,validation}.parquet)")
     parser.add_argument("--out", help="checkpoint directory (default: runs/<config name>-<budget>)")
     parser.add_argument("--seed", type=int, help="overrides train.seed")
@@ -212,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                                         gpu=pick_device().type == "cuda")
         data = prepare_data(corpus, vocab_size=run.arch.vocab_size, seq_len=run.arch.max_seq_len,
                             cache_dir=source["cache_dir"], max_tokens=tokens_to_prepare(
-                                corpus, budget, run.arch.flops_per_token(run.arch.max_seq_len, train.mlm_rate)))
+                                corpus, budget.resolve(run.arch, train.mlm_rate),
+                                run.arch.flops_per_token(run.arch.max_seq_len, train.mlm_rate)))
         if resume_from is not None:
             resume.check_same_run(saved, resume.run_record(run.arch, train, budget, data.fingerprint), resume_from.path)
     except CramnasError as error:

@@ -245,7 +245,8 @@ def tokens_to_prepare(source: CorpusSource, budget: Budget, flops_per_token: flo
     """`max_tokens` for a run under `budget`: of a streamed corpus, the tokens a token budget trains
     on (a FLOP budget's too, given the model's FLOPs per token). None, prepare_data's default,
     otherwise: a loaded corpus is prepared whole, and a wall-clock budget's tokens are unknown
-    before training (the streamed default, STREAM_DEFAULT_TOKENS, then applies)."""
+    before training (the streamed default, STREAM_DEFAULT_TOKENS, then applies), and so are those of
+    reference-core seconds not yet resolved for an architecture (`Budget.resolve`)."""
     if not source.streaming or not (budget.kind == "tokens" or (budget.kind == "flops" and flops_per_token)):
         return None
     return math.ceil(budget.tokens_left(0, flops_per_token or 1.0))

@@ -98,9 +98,13 @@ def parse_every(text: str, flag: str) -> Budget | None:
     if str(text).strip().lower() == "off":
         return None
     try:
-        return Budget.parse(text)
+        every = Budget.parse(text)
     except BudgetError as error:
         raise BudgetError(f"{flag}: {str(error).removeprefix('budget: ')} (or off)") from None
+    if every.kind == "refs":  # a cadence is counted in the loop, which sees no reference core
+        raise BudgetError(f"{flag}: {every.text} is reference-core seconds, a budget's unit only; write e.g. 30m, "
+                          "2e6tokens or 1e12flops (or off)")
+    return every
 
 
 class Cadence:
