@@ -25,6 +25,7 @@ from scipy import stats
 from search.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, Objective
 from search.states import COMPLETE, FAILED, PRUNED, REPEAT, STATE_TAG, STATES, state_of_status
 from search.stats import mean_interval
+from trainer.regimes import PLATEAU_MARGIN, regime_of
 
 STATE_COLUMN = f"tags.{STATE_TAG}"
 LOSS = "metrics.validation_loss"  # what the search logs (trainer.cram's CramResult name)
@@ -32,6 +33,10 @@ PROBE = "metrics.probe_average"  # the GLUE probe score (search.trial.trial_metr
 # How far below the unigram floor the loss ended (trainer/unigram.py): what a trial learned beyond
 # token frequencies. NaN for runs logged before the floor was.
 BELOW_FLOOR = "metrics.nats_below_unigram"
+# How far below the corruption floor (trainer/references.py): beyond frequencies and copying. NaN for
+# runs logged before the references were; `regime_column` reads the regime from the same metrics.
+BELOW_CORRUPTION = "metrics.nats_below_floor"
+REFERENCE_COLUMNS = ("metrics.validation_loss", "metrics.corruption_floor", "metrics.context_reference")
 CONFIDENCE = 0.95
 # A parameter with more distinct values than this is a range, not a set of choices to ablate.
 MAX_CHOICES = 10
@@ -98,8 +103,8 @@ def prepare(frame: pd.DataFrame) -> pd.DataFrame:
     state = frame[STATE_COLUMN] if STATE_COLUMN in frame else pd.Series(np.nan, index=frame.index, dtype=object)
     frame["state"] = state.fillna(frame["status"].map(state_of_status)).astype(str)
     metrics = {f"metrics.{key}" for objective in OBJECTIVES.values() for key in objective.metrics}
-    for column in sorted(metrics | {LOSS, BELOW_FLOOR, "metrics.seconds", "metrics.tokens", "metrics.tokens_per_s",
-                                    "metrics.params"}):
+    for column in sorted(metrics | {LOSS, BELOW_FLOOR, BELOW_CORRUPTION, *REFERENCE_COLUMNS, "metrics.seconds",
+                                    "metrics.tokens", "metrics.tokens_per_s", "metrics.params"}):
         if column not in frame:
             frame[column] = np.nan
     # A running trial has no end time (NaT): it has cost nothing yet that we can count.
@@ -471,3 +476,25 @@ def paired_verdict(row, score: Score) -> str:
     if row.outside_noise:
         return f"{lead}, outside noise (the 95% interval excludes 0)"
     return f"{lead}, within noise (the 95% interval contains 0)"
+
+
+def regime_column(frame: pd.DataFrame) -> pd.Series:
+    """Each run's regime (trainer/regimes.py), None where its references were not logged."""
+    def one(row) -> str | None:
+        values = {column[len("metrics."):]: row[column] for column in REFERENCE_COLUMNS if pd.notna(row[column])}
+        return regime_of(values)
+
+    return frame.apply(one, axis=1) if len(frame) else pd.Series(dtype=object)
+
+
+def plateau_warning(trials: pd.DataFrame) -> str | None:
+    """A sentence when most complete trials never left the plateau: the study then ranks how fast
+    architectures leave it, not how well they model language."""
+    complete = trials[trials["state"] == COMPLETE]
+    regimes = regime_column(complete).dropna()
+    plateau = int((regimes == "plateau").sum())
+    if not len(regimes) or plateau * 2 <= len(regimes):
+        return None
+    return (f"{plateau} of {len(regimes)} complete trials ended in the plateau (within {PLATEAU_MARGIN} nats of the "
+            "corruption floor: frequencies and copying, no context): this study ranks how fast architectures leave "
+            "the plateau, not how well they model language. A longer budget per trial reads them better.")

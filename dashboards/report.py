@@ -24,7 +24,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from dashboards import analysis
-from dashboards.analysis import BELOW_FLOOR, LOSS, Score
+from dashboards.analysis import BELOW_CORRUPTION, BELOW_FLOOR, LOSS, Score
 from dashboards.data import StudyData, load_study
 from dashboards.importance import MIN_TRIALS, param_importance
 from dashboards.page import CSS, esc, figure_html, human, interval, link, num, plural, table
@@ -240,16 +240,20 @@ class Report:
         rows = analysis.top_k(self.trials, self.score, self.top)
         if rows.empty:
             return self.no_complete()
-        # The loss gets its own column unless it is the score already; beside it, how far below the floor it is.
-        columns = [self.score.column] + ([LOSS] if self.score.column != LOSS else []) + [BELOW_FLOOR]
-        labels = [self.score.label] + (["val. MLM loss"] if self.score.column != LOSS else []) + ["nats below floor"]
+        # The loss gets its own column unless it is the score already; beside it, how far below the
+        # corruption floor it is (the unigram floor for a study logged before the references) and its regime.
+        floor, floor_label = ((BELOW_CORRUPTION, "nats below corruption floor") if rows[BELOW_CORRUPTION].notna().any()
+                              else (BELOW_FLOOR, "nats below unigram floor"))
+        columns = [self.score.column] + ([LOSS] if self.score.column != LOSS else []) + [floor]
+        labels = [self.score.label] + (["val. MLM loss"] if self.score.column != LOSS else []) + [floor_label]
+        regimes = analysis.regime_column(rows)
         body = []
-        for rank, (_, r) in enumerate(rows.iterrows(), start=1):
+        for rank, (index, r) in enumerate(rows.iterrows(), start=1):
             body.append([str(rank), self.run_link(r["run_id"], r["trial"]), *(num(r[c]) for c in columns),
-                         num(r["metrics.tokens_per_s"]), human(r["metrics.params"]), esc(architecture(r)),
-                         self.run_link(r["run_id"], r.get("run_name", r["run_id"]))])
-        headers = ["rank", "trial", *labels, "tokens/s", "params", "architecture", "MLflow run"]
-        return table(headers, body, numeric=tuple(range(len(columns) + 4)))
+                         esc(regimes[index] or "n/a"), num(r["metrics.tokens_per_s"]), human(r["metrics.params"]),
+                         esc(architecture(r)), self.run_link(r["run_id"], r.get("run_name", r["run_id"]))])
+        headers = ["rank", "trial", *labels, "regime", "tokens/s", "params", "architecture", "MLflow run"]
+        return table(headers, body, numeric=tuple(range(len(columns) + 2)) + tuple(range(len(columns) + 3, len(columns) + 5)))
 
     def confirmation(self) -> str:
         runs = self.data.confirmations
@@ -369,8 +373,11 @@ def render(data: StudyData, ui_url: str = f"http://{LOOPBACK}:{DEFAULT_PORT}", t
     counts = data.trials["state"].value_counts()
     facts = {"controller": data.controller, "objective": data.setting("objective") or "unknown",
              "budget per trial": data.setting("budget") or "unknown",
-             # The loss of predicting from token frequencies alone (trainer/unigram.py); older studies lack it.
-             "unigram floor": f"{float(floor):.3f} nats" if (floor := data.setting("unigram_floor")) else "n/a",
+             # The references every loss is read against (trainer/references.py); older studies lack them.
+             **{label: f"{float(value):.3f} nats" if (value := data.setting(key)) else "n/a"
+                for label, key in (("corruption floor", "corruption_floor"), ("two-neighbour count model",
+                                                                                "context_reference"),
+                                   ("unigram floor", "unigram_floor"))},
              "trials": ", ".join(f"{counts[s]} {s}" for s in STATES if s in counts) or "none",
              "ranked by": axis_title(data.score)}
     head = (f"<header><h1>Study {esc(data.name)}</h1>"
@@ -379,6 +386,7 @@ def render(data: StudyData, ui_url: str = f"http://{LOOPBACK}:{DEFAULT_PORT}", t
             f'{link(runs_url(report.ui_url, data.experiment_id), "runs table")} · generated '
             f'{time.strftime("%Y-%m-%d %H:%M %Z")}</p>'
             + (f'<p class="note">{esc(data.score.note)}</p>' if data.score.note else "")
+            + (f'<p class="note">{esc(warning)}</p>' if (warning := analysis.plateau_warning(data.trials)) else "")
             + "<nav>" + "".join(f'<a href="#{key}">{esc(title)}</a>' for key, title, _, _ in SECTIONS) + "</nav></header>")
     sections = [f'<section id="{key}"><h2>{esc(title)}</h2><p class="lead">{esc(lead)}</p>'
                 f"{getattr(report, method)()}</section>" for key, title, lead, method in SECTIONS]

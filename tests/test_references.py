@@ -127,3 +127,23 @@ def test_prepared_data_carries_the_references(wiki_slice):
     assert wiki_slice.context_reference < wiki_slice.corruption_floor < wiki_slice.unigram_floor
     assert set(references["corruption_floor_by_kind"]) == {"mask", "random", "unchanged"}
     assert references["predicted_positions"] > 0
+
+
+def test_the_report_warns_when_most_complete_trials_are_in_the_plateau():
+    import pandas as pd
+
+    from dashboards.analysis import plateau_warning, regime_column
+
+    def trials(losses, states=None):
+        return pd.DataFrame({"state": states or ["complete"] * len(losses), "metrics.validation_loss": losses,
+                             "metrics.corruption_floor": 5.856, "metrics.context_reference": 3.192})
+
+    plateau = trials([5.85, 5.83, 5.9, 4.5])
+    assert list(regime_column(plateau)) == ["plateau", "plateau", "plateau", "neighbours"]
+    assert plateau_warning(plateau).startswith("3 of 4 complete trials ended in the plateau")
+    assert plateau_warning(trials([5.85, 4.5, 3.0])) is None  # most left it
+    # Pruned trials do not count: the warning is about what complete trials reached.
+    assert plateau_warning(trials([5.85, 5.85, 4.5], ["pruned", "pruned", "complete"])) is None
+    old = pd.DataFrame({"state": ["complete"], "metrics.validation_loss": [5.9], "metrics.corruption_floor": [float("nan")],
+                        "metrics.context_reference": [float("nan")]})
+    assert plateau_warning(old) is None and list(regime_column(old)) == [None]  # logged before the references
