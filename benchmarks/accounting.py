@@ -11,13 +11,14 @@ call skips what is there (resumable). Stages, cheapest first:
 
 1. core: the winner and every baseline at 1x, 3 seeds: each one's mean validation loss with its
    95% Student-t interval and regime (trainer/regimes.py).
-2. ladder: the `--ladder` baselines (default: crammed-bert-cpu and the best other baseline) at 2, 4,
-   8 and 16x (seed 0; 4x also seeds 1, 2), the winner at 4 and 16x. Primer's compute-equivalent
-   multiple (So et al. 2021): the compute a baseline needs to reach the winner's 1x loss,
-   interpolated linearly in log-compute between the measured multiples ("more than 16x" when it
-   never does), its interval from the winner's own 95% interval; the payback of the search's
-   compute (`payback`); whether the winner's lead holds at 4 and 16x, the rank correlation between
-   1x and 16x, and the multiple at which each goes below the two-neighbour count model.
+2. ladder: the `--ladder` baselines (default: crammed-bert-cpu and the best other baseline) at each
+   of `--multiples` (default 2, 4, 8 and 16x; seed 0, and 4x also seeds 1, 2), the winner at 4x and
+   the largest. Primer's compute-equivalent multiple (So et al. 2021): the compute a baseline needs
+   to reach the winner's 1x loss, interpolated linearly in log-compute between the measured
+   multiples ("more than" the largest when it never does), its interval from the winner's own 95%
+   interval; the payback of the search's compute (`payback`); whether the winner's lead holds at
+   4x and the largest, the rank correlation between 1x and the largest, and the multiple at which
+   each goes below the two-neighbour count model.
 3. ablation: against the best baseline, each of the winner's architecture choices reverted alone,
    and the 2x2 of {winner's, baseline's design} x {winner's, baseline's size}, 3 seeds each, paired
    by seed: how much of the win is size and how much design.
@@ -47,7 +48,7 @@ from trainer.regimes import regime
 
 CONFIGS = Path(__file__).resolve().parents[1] / "trainer" / "configs"
 SEEDS = (0, 1, 2)
-LADDER = (1, 2, 4, 8, 16)
+LADDER = (1, 2, 4, 8, 16)  # the default --multiples
 SIZE_FIELDS = ("layers", "hidden", "heads", "ffn_mult")  # what "size" means in the 2x2; the rest is design
 
 
@@ -96,11 +97,11 @@ def study_compute(storage: str, study_name: str) -> dict[str, float]:
     study = optuna.load_study(study_name=study_name, storage=storage)
     flops = seconds = 0.0
     trials = 0
+    mlm_rate = TrainConfig.from_dict(study.user_attrs.get("train", {})).mlm_rate  # every trial's
     for trial in study.get_trials(deepcopy=False):
         metrics, arch = trial.user_attrs.get("metrics", {}), trial.user_attrs.get("arch")
         if "repeat_of" in trial.user_attrs or arch is None or not metrics.get("tokens"):
             continue
-        mlm_rate = TrainConfig.from_dict(trial.user_attrs.get("train", {})).mlm_rate
         config = ArchConfig.from_dict(arch)
         flops += metrics["tokens"] * config.flops_per_token(config.max_seq_len, mlm_rate)
         seconds += metrics["tokens"] / metrics["tokens_per_s"] if metrics.get("tokens_per_s") else 0.0
@@ -116,8 +117,8 @@ def study_winner(storage: str, study_name: str) -> tuple[dict, dict, str]:
     from search.objectives import OBJECTIVES
 
     study = optuna.load_study(study_name=study_name, storage=storage)
-    best = ranked_trials(study, OBJECTIVES["mlm"])[0]
-    return best.user_attrs["arch"], best.user_attrs["train"], best.user_attrs["budget"]
+    best = ranked_trials(study, OBJECTIVES["mlm"])[0]  # the study keeps the trials' training settings and budget
+    return best.user_attrs["arch"], study.user_attrs["train"], study.user_attrs["budget"]
 
 
 # ---- the crams ----------------------------------------------------------------------------------
@@ -179,7 +180,8 @@ def main() -> None:
     parser.add_argument("--storage", help="its Optuna storage, e.g. sqlite:///optuna.db")
     parser.add_argument("--winner", help="a run config instead of the study's best trial (search.export writes one)")
     parser.add_argument("--baselines", default="crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu")
-    parser.add_argument("--ladder", help="baselines to cram at 2-16x (default: crammed-bert-cpu and the best other)")
+    parser.add_argument("--ladder", help="baselines to cram at the multiples (default: crammed-bert-cpu and the best other)")
+    parser.add_argument("--multiples", default=",".join(map(str, LADDER)), help="of the 1x budget, from 1, with 4 among them")
     parser.add_argument("--budget", help="the 1x budget (default: the study's trial budget)")
     parser.add_argument("--stages", default="core,ladder,ablation")
     parser.add_argument("--jobs", type=int, default=2)
@@ -202,6 +204,9 @@ def main() -> None:
     configs = {"winner": (winner_arch, winner_train), **{name: (run.arch.to_dict(), run.train.to_dict())
                                                           for name, run in baselines.items()}}
     stages = set(args.stages.split(","))
+    multiples = tuple(int(m) for m in args.multiples.split(","))
+    if multiples[0] != 1 or 4 not in multiples:
+        parser.error("--multiples: start at 1 and include 4 (the 3-seed point), e.g. 1,2,4,8,16")
     lines = [f"# Accounting at {budget.text} = 1x ({ArchConfig.from_dict(winner_arch).describe()} is the winner)", ""]
 
     crams.run([(name, arch, train, 1, seed) for name, (arch, train) in configs.items() for seed in SEEDS])
@@ -210,11 +215,11 @@ def main() -> None:
     best = ranked[0]
     if "ladder" in stages:
         ladder = args.ladder.split(",") if args.ladder else list(dict.fromkeys(["crammed-bert-cpu", best]))
-        crams.run([(name, *configs[name], m, 0) for name in ladder for m in LADDER[1:]]
+        crams.run([(name, *configs[name], m, 0) for name in ladder for m in multiples[1:]]
                   + [(name, *configs[name], 4, seed) for name in ladder for seed in SEEDS[1:]]
-                  + [("winner", *configs["winner"], m, 0) for m in (4, 16)])
+                  + [("winner", *configs["winner"], m, 0) for m in (4, multiples[-1])])
         search = study_compute(args.storage, args.study) if args.study and args.storage else None
-        lines += ladder_tables(crams, ladder, budget, search)
+        lines += ladder_tables(crams, ladder, budget, search, multiples)
     if "ablation" in stages:
         lines += ablation_tables(crams, configs, best)
     text = "\n".join(lines) + "\n"
@@ -235,26 +240,28 @@ def core_table(crams: Crams, configs: dict) -> list[str]:
             f"{reference['context_reference']:.3f}, unigram floor {reference['unigram_floor']:.3f}", "", *rows, ""]
 
 
-def ladder_tables(crams: Crams, ladder: list[str], budget: Budget, search: dict | None) -> list[str]:
+def ladder_tables(crams: Crams, ladder: list[str], budget: Budget, search: dict | None,
+                  multiples: tuple[int, ...]) -> list[str]:
     winner = crams.losses("winner", 1)
     target, half = mean_interval(winner)
     half = half or 0.0
     lines = ["## Compute-equivalent multiple (loss of the winner at 1x reached by a baseline at m x)", "",
-             "| baseline | " + " | ".join(f"{m}x" for m in LADDER) + " | multiple (95% CI) |",
-             "|---|" + "---|" * (len(LADDER) + 1)]
+             "| baseline | " + " | ".join(f"{m}x" for m in multiples) + " | multiple (95% CI) |",
+             "|---|" + "---|" * (len(multiples) + 1)]
     factors = {}
     for name in ladder:
-        curve = [statistics.mean(crams.losses(name, m) or [math.nan]) for m in LADDER]
-        point, low, high = (compute_equivalent(list(LADDER), curve, t) for t in (target, target + half, target - half))
+        curve = [statistics.mean(crams.losses(name, m) or [math.nan]) for m in multiples]
+        point, low, high = (compute_equivalent(list(multiples), curve, t) for t in (target, target + half, target - half))
         factors[name] = point
-        shown = lambda m: f"{m:.1f}x" if m is not None else f"> {LADDER[-1]}x"
+        shown = lambda m: f"{m:.1f}x" if m is not None else f"> {multiples[-1]}x"
         lines.append(f"| {name} | " + " | ".join(f"{loss:.3f}" for loss in curve) +
                      f" | {shown(point)} ({shown(low)} to {shown(high)}) |")
     lines += ["", "The interval carries the winner's seed noise at 1x; the baseline's own at 1x and 4x is in the "
               "3-seed columns of the core table and below.", ""]
-    lines += ["## Longer budgets (seed 0)", "", "| | 1x | 4x | 16x |", "|---|---|---|---|"]
+    longest = multiples[-1]
+    lines += ["## Longer budgets (seed 0)", ""]
     names = ["winner", *ladder]
-    at = {name: [crams.losses(name, m, seeds=(0,))[0] for m in (1, 4, 16)] for name in names}
+    at = {name: [crams.losses(name, m, seeds=(0,))[0] for m in points] for name in names}
     for name in names:
         lines.append(f"| {name} | " + " | ".join(f"{loss:.3f}" for loss in at[name]) + " |")
     best = min(ladder, key=lambda name: at[name][0])
@@ -262,12 +269,13 @@ def ladder_tables(crams: Crams, ladder: list[str], budget: Budget, search: dict 
     lines.append(f"| lead of the winner over {best} | {leads} |")
     context = crams.any("winner")["context_reference"]
     for name in names:
-        below = next((m for m, loss in zip((1, 4, 16), at[name]) if loss < context), None)
+        below = next((m for m, loss in zip(points, at[name]) if loss < context), None)
         lines.append(f"\n{name} goes below the two-neighbour count model ({context:.3f}) at "
-                     + (f"{below}x" if below else "none of 1x, 4x, 16x"))
+                     + (f"{below}x" if below else "none of " + ", ".join(f"{m}x" for m in points)))
     if len(names) >= 3:
-        rho, low, high = correlation([at[n][0] for n in names], [at[n][2] for n in names], "spearman")
-        lines.append(f"\nSpearman 1x against 16x over {len(names)} configurations: {rho:.2f} ({low:.2f} to {high:.2f})")
+        rho, low, high = correlation([at[n][0] for n in names], [at[n][-1] for n in names], "spearman")
+        lines.append(f"\nSpearman 1x against {longest}x over {len(names)} configurations: {rho:.2f} "
+                     f"({low:.2f} to {high:.2f})")
     if search is not None:
         factor = factors[best]
         final = budget.amount if budget.kind == "flops" else math.nan
@@ -278,10 +286,12 @@ def ladder_tables(crams: Crams, ladder: list[str], budget: Budget, search: dict 
                   f"device-hours (one core each); with the winner's 3 confirmation seeds {spent:.3g} FLOPs",
                   f"= {account['search_in_final_runs']:.0f} final runs of {budget.text}; against {best} the winner saves "
                   + (f"a factor {factor:.1f} per final run, so the search pays back after {account['payback_runs']:.1f} runs"
-                     if account["payback_runs"] is not None else "no measurable factor within the ladder")]
+                     if account["payback_runs"] is not None else
+                     f"nothing: {best} reaches the winner's loss already at 1x" if factor is not None and factor <= 1
+                     else f"a factor beyond the ladder (> {longest}x); payback not measurable here")]
         spent_multiple = 1 + account["search_in_final_runs"]
         lines.append(f"Spending it instead on {best}'s cram means {spent_multiple:.0f}x its budget: "
-                     + ("beyond the measured ladder (16x)" if spent_multiple > LADDER[-1] else "inside the ladder"))
+                     + (f"beyond the measured ladder ({longest}x)" if spent_multiple > longest else "inside the ladder"))
     return lines + [""]
 
 
