@@ -259,8 +259,10 @@ def ladder_tables(crams: Crams, ladder: list[str], budget: Budget, search: dict 
     lines += ["", "The interval carries the winner's seed noise at 1x; the baseline's own at 1x and 4x is in the "
               "3-seed columns of the core table and below.", ""]
     longest = multiples[-1]
-    lines += ["## Longer budgets (seed 0)", ""]
     names = ["winner", *ladder]
+    points = sorted({1, 4, longest})
+    lines += ["## Longer budgets (seed 0)", "", "| | " + " | ".join(f"{m}x" for m in points) + " |",
+              "|---|" + "---|" * len(points)]
     at = {name: [crams.losses(name, m, seeds=(0,))[0] for m in points] for name in names}
     for name in names:
         lines.append(f"| {name} | " + " | ".join(f"{loss:.3f}" for loss in at[name]) + " |")
