@@ -286,7 +286,7 @@ def make_plan(args: argparse.Namespace) -> StudyPlan:
     """Check every input (`check_inputs`), open the stores and prepare the data, last; raises
     UsageError (or a library's one-line error)."""
     from search import controllers
-    from search.spec import TrialSpec
+    from search.spec import StudyPlan, TrialSpec
     from search.stores import check_store, checkpoint_dir, study_storage
     from trainer.data import prepare_data, tokens_to_prepare
 
