@@ -19,13 +19,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from mlflow.entities import Run
 
-    from search.run import StudyPlan
+    from search.spec import StudyPlan
 
 # Study settings (study-run tags `cramnas.<key>`) naming where the study's data came from, and
 # the flag that passes each again.
 DATA_SETTINGS = {"data": "--data", "corpus": "--corpus", "cache_dir": "--cache-dir"}
-# Hand-designed configs to confirm against (trainer/configs/): the GPU configs do not fit a CPU.
-BASELINES = {"cpu": "crammed-bert-cpu,bert-original-cpu", "gpu": "crammed-bert,bert-original"}
+# Hand-designed configs to confirm against (trainer/configs/): Cramming's, and the encoders a careful
+# person would pick today (NeoBERT's, ModernBERT's, and crammed-bert with RoPE at the best size for
+# the CPU budget); the GPU configs do not fit a CPU.
+BASELINES = {"cpu": "crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu", "gpu": "crammed-bert,neobert,modernbert"}
 
 
 def data_settings(data_dir: str | None, corpus: str | None, cache_dir: str | None) -> dict[str, str]:
