@@ -378,7 +378,13 @@ def _timed(timings: dict[str, float], step: str) -> Iterator[None]:
     timings[step] = round(time.perf_counter() - start, 2)
 
 
-if __name__ == "__main__":
-    from trainer.data_cli import main  # the command line lives beside the library it drives
+def main(argv: list[str] | None = None) -> None:
+    """`python -m trainer.data`, whose command line is trainer/data_cli.py's (kept out of this module
+    to keep it about the data)."""
+    from trainer.data_cli import main as data_cli  # here: trainer.data_cli imports this module
 
+    data_cli(argv)
+
+
+if __name__ == "__main__":
     raise SystemExit(main())

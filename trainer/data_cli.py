@@ -3,8 +3,7 @@
     python -m trainer.data --data ../shared/data --vocab-size 8192
     python -m trainer.data --corpus HuggingFaceFW/fineweb-edu --max-tokens 2e9
 
-The library it drives is `trainer.data` (`prepare_data`), which hands `python -m trainer.data` to
-the `main` here.
+The library it drives is `trainer.data` (`prepare_data`), whose `main` hands its arguments here.
 """
 
 from __future__ import annotations
@@ -96,7 +95,3 @@ def main(argv: list[str] | None = None) -> None:
           "frequencies alone")
     steps = ", ".join(f"{step} {value:.1f} s" for step, value in manifest["seconds"].items())
     print(f"time         {seconds:.2f} s for this call; preparation took: {steps}")
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
