@@ -79,7 +79,7 @@ def measure(arch, train, device, steps: int, compile_model: bool, sync_debug: bo
     last_step = (steps - 1) * -(-train.batch_size // train.micro_batch)  # micro-batches before the last step
 
     def before_forward(rows: int) -> None:
-        if sync_debug and trainer.micro_steps == last_step:
+        if sync_debug and trainer.state.micro_steps == last_step:
             torch.cuda.set_sync_debug_mode("warn")
 
     trainer = Trainer(arch, train, data, budget, None, device, before_forward=before_forward)

@@ -31,7 +31,7 @@ TRAIN = TrainConfig(batch_size=2 * MICRO, micro_batch=MICRO, seed=2, snapshot_ev
 class Transfers:
     """Records, while `active`, each read of a tensor back to the host (`item`, `tolist`, `cpu`,
     `to("cpu")`) and each tensor built from Python data (`torch.tensor`, `torch.as_tensor`), with the
-    optimizer step it happened in (`trainer.steps`)."""
+    optimizer step it happened in (`trainer.state.steps`)."""
 
     def __init__(self, monkeypatch, trainer: Trainer) -> None:
         self.trainer, self.active = trainer, False
@@ -47,7 +47,7 @@ class Transfers:
             target = kwargs.get("device", args[0] if args else None)
             to_host = isinstance(target, (str, torch.device)) and torch.device(target).type == "cpu"
             if self.active and to_host and (tensor.device.type != "cpu" or kwargs.get("copy")):
-                self.reads.append((self.trainer.steps, "to(cpu)"))
+                self.reads.append((self.trainer.state.steps, "to(cpu)"))
             return to(tensor, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, "to", moved)
@@ -57,7 +57,7 @@ class Transfers:
     def recorded(self, into: list, name: str, function):
         def wrapper(*args, **kwargs):
             if self.active:
-                into.append((self.trainer.steps, name))
+                into.append((self.trainer.state.steps, name))
             return function(*args, **kwargs)
         return wrapper
 
@@ -80,7 +80,7 @@ def test_an_optimizer_step_reads_the_device_once_and_builds_no_tensor_from_pytho
     transfers = Transfers(monkeypatch, trainer)
     with transfers.watching():
         trainer.run()
-    assert trainer.steps == 12 and trainer.micro_steps == 24
+    assert trainer.state.steps == 12 and trainer.state.micro_steps == 24
     assert transfers.built == []  # e.g. torch.tensor(specials) in every micro-step's masking
     assert collections.Counter(transfers.reads) == {(step, "tolist"): 1 for step in range(12)}
 

@@ -31,6 +31,7 @@ from trainer.checkpoint import CheckpointWriteError
 from trainer.config import TrainConfig
 from trainer.cram import cram_with_model, main
 from trainer.epochs import corpus_tokens, measure_speed, repeat_warning
+from trainer.loop import LoopState
 from trainer.model import CrammedBert
 from trainer.resume import Interrupted, LongRun, ResumeError, checkpoint_dirs, latest_checkpoint, parse_every
 
@@ -117,6 +118,21 @@ def test_the_last_two_checkpoints_are_kept_and_hold_the_run(uninterrupted, wiki_
     assert 12000 <= state["progress"]["tokens"] < 12000 + 4 * 4 * SLICE_SEQ
 
 
+def test_state_json_keeps_its_keys_and_reads_back_as_the_loop_state(uninterrupted):
+    _, result, out = uninterrupted
+    checkpoint = latest_checkpoint(out, pytest.fail)
+    # Format 1's keys, spelled out: checkpoints written before `LoopState` existed must resume.
+    assert set(checkpoint.state["progress"]) == {
+        "tokens", "steps", "micro_steps", "oom_halvings", "micro_batch", "seconds", "batches_drawn", "next_report",
+        "pending_losses", "loss_curve", "validation_curve", "rollbacks", "recent_losses", "rng"}
+    state = LoopState.from_dict(checkpoint.progress())
+    assert (state.tokens, state.steps, state.micro_steps) == (result.tokens, result.steps, result.micro_steps)
+    # The last point may be missing: a periodic checkpoint at the final step is not written again.
+    assert state.loss_curve and result.loss_curve[:len(state.loss_curve)] == state.loss_curve
+    assert all(type(point) is tuple for point in state.loss_curve)  # JSON's lists made pairs again
+    assert LoopState.from_dict(state.to_dict()) == state
+
+
 def test_resume_with_a_changed_setting_names_it(uninterrupted, wiki_slice):
     _, _, out = uninterrupted
     checkpoint = latest_checkpoint(out, pytest.fail)
@@ -169,7 +185,7 @@ def test_a_full_disk_leaves_the_previous_checkpoints_alone(uninterrupted, tmp_pa
     monkeypatch.setattr(resume, "save_file", no_space)
     model = CrammedBert(ARCH)
     with pytest.raises(CheckpointWriteError) as info:
-        resume.save_state(out, model, torch.optim.AdamW(model.parameters()), {},
+        resume.save_resumable(out, model, torch.optim.AdamW(model.parameters()), {},
                           {"steps": 99, "rng": resume.capture_rng(torch.Generator())})
     assert str(info.value) == ("checkpoint write failed: No space left on device "
                                f"({out / 'checkpoints' / 'step-00000099' / 'optimizer.safetensors'})")

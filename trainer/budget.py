@@ -146,16 +146,37 @@ class Budget:
         amount = float(match.group(1)) * scale
         if amount <= 0 or not math.isfinite(amount):
             raise BudgetError(f"budget: {text!r} must be positive and finite; write e.g. 60s or 2e7tokens")
-        if kind == "refs":
+        budget = cls(kind, amount, str(text).strip())
+        if budget.is_reference_core:
             reference_core()  # a missing or broken reference file fails here, before any work
-        return cls(kind, amount, str(text).strip())
+        return budget
+
+    @property
+    def is_wall_clock(self) -> bool:
+        """Training seconds: how many tokens such a budget trains on is known only once it has run."""
+        return self.kind == "seconds"
+
+    @property
+    def is_reference_core(self) -> bool:
+        """Reference-core seconds: a budget's unit only, spent once `resolve` has made it FLOPs."""
+        return self.kind == "refs"
+
+    def tokens(self, flops_per_token: float | None = None) -> float | None:
+        """The tokens this budget trains on when they are known before training: a token budget's
+        amount, a FLOP budget's over `flops_per_token` (when given); None for a wall-clock budget
+        and for reference-core seconds not yet resolved."""
+        if self.kind == "tokens":
+            return self.amount
+        if self.kind == "flops" and flops_per_token:
+            return self.amount / flops_per_token
+        return None
 
     def resolve(self, arch: ArchConfig, mlm_rate: float = DEFAULT_MLM_RATE,
                 reference: ReferenceCore | None = None) -> Budget:
         """The budget `arch` trains under: reference-core seconds become the FLOPs the reference core
         spends on `arch` in that time (amount / its seconds per token x its FLOPs per token), the
         text kept; any other budget is already one and comes back as it is."""
-        if self.kind != "refs":
+        if not self.is_reference_core:
             return self
         tokens = self.amount / (reference or reference_core()).seconds_per_token(arch, mlm_rate)
         return Budget("flops", tokens * arch.flops_per_token(arch.max_seq_len, mlm_rate), self.text)
@@ -169,14 +190,11 @@ class Budget:
     def tokens_left(self, tokens: int, flops_per_token: float) -> float:
         """Tokens that still fit a token or FLOP budget (inf for wall-clock budgets)."""
         self._check_resolved()
-        if self.kind == "tokens":
-            return self.amount - tokens
-        if self.kind == "flops":
-            return self.amount / flops_per_token - tokens
-        return math.inf
+        total = self.tokens(flops_per_token)
+        return math.inf if total is None else total - tokens
 
     def _check_resolved(self) -> None:
-        if self.kind == "refs":  # a caller's mistake, not the user's: name the fix for the code
+        if self.is_reference_core:  # a caller's mistake, not the user's: name the fix for the code
             raise BudgetError(f"budget: {self.text} is reference-core seconds, which spend nothing until "
                               "Budget.resolve converts them for an architecture")
 

@@ -1,5 +1,5 @@
-"""The on-disk cache of prepared pretraining data: where it lives, how entries are named, how a
-file is written so that a killed process never leaves a truncated one.
+"""The on-disk cache of prepared pretraining data: where it lives, how entries are named, how
+processes take turns writing one (how a file is written whole: `trainer.atomic`).
 
     <cache>/tokenizers/<key>.json         trained tokenizers (`trainer.tokenizer`)
     <cache>/data/<fingerprint>/           packed sequences and their manifest (`trainer.data`)
@@ -17,7 +17,6 @@ import fcntl
 import hashlib
 import json
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,13 +34,6 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
 def digest(identity: dict) -> str:
     """The name of a cache entry: a short hash of everything it depends on."""
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write under a temporary name and rename: readers see the old file or the whole new one."""
-    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    partial.write_text(text)
-    partial.replace(path)
 
 
 @contextlib.contextmanager

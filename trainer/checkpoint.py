@@ -2,8 +2,10 @@
 
     out/model.safetensors  arch.yaml  train.yaml  tokenizer.json  result.json
 
-Weights go through safetensors only (no pickle); tied embeddings are stored once. Writes are
-atomic per file and checked for a full disk (`save_checkpoint`).
+This is the final checkpoint, written once at the end of a cram; the resumable ones a long cram
+writes on the way are trainer/resume.py's (`save_resumable`). Weights go through safetensors only
+(no pickle); tied embeddings are stored once. Writes are atomic and checked for a full disk
+(`save_checkpoint`, through `trainer.atomic`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from safetensors.torch import load_model, save_model
 from tokenizers import Tokenizer
 
 from space.arch import ArchConfig, ArchError
+from trainer.atomic import atomic_directory
 from trainer.config import ConfigError, TrainConfig
 from trainer.model import CrammedBert
 
@@ -48,13 +51,14 @@ class CheckpointWriteError(OSError):
 
 def save_checkpoint(out_dir, model: CrammedBert, arch: ArchConfig, train: TrainConfig, tokenizer_path,
                     result: dict, after_write: Callable[[Path], None] | None = None) -> Path:
-    """Write the checkpoint directory so that a failure leaves no half-written file behind.
+    """Write the final checkpoint into `out_dir` so that a failure leaves no half-written file behind.
 
     Every file goes to a temporary name in `out_dir` and is synced to disk; only once all are
-    written are they renamed into place (`os.replace`, weights last), so `out_dir` holds either the
-    new checkpoint or what it held before. A failed write (ENOSPC: the disk is full) removes the
-    temporary files and raises `CheckpointWriteError`. `after_write` is called with each temporary
-    file once written: fault injection raises `OSError` there (search trials' `diskfull@N`).
+    written are they renamed into place (`atomic_directory`'s "merge", weights last), so `out_dir`
+    holds either the new checkpoint or what it held before. A failed write (ENOSPC: the disk is
+    full) removes the temporary files and raises `CheckpointWriteError`. `after_write` is called
+    with each temporary file once written: fault injection raises `OSError` there (search trials'
+    `diskfull@N`).
     """
     out = Path(out_dir)
     contents: dict[str, Callable[[Path], None]] = {
@@ -65,30 +69,17 @@ def save_checkpoint(out_dir, model: CrammedBert, arch: ArchConfig, train: TrainC
         # Last to land: a directory with model.safetensors holds a complete checkpoint.
         "model.safetensors": lambda path: save_weights(model, path),
     }
-    written: list[tuple[Path, Path]] = []  # (temporary, final) paths
     target = out
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        for name, write in contents.items():
-            target, temporary = out / name, out / f".{name}.tmp-{os.getpid()}"
-            written.append((temporary, target))
-            write_synced(temporary, write)
-            if after_write is not None:
-                after_write(temporary)
+        with atomic_directory(out, if_exists="merge") as staged:
+            for name, write in contents.items():
+                target = out / name
+                staged.write(name, write)
+                if after_write is not None:
+                    after_write(staged.path(name))
     except OSError as error:
-        for temporary, _ in written:
-            temporary.unlink(missing_ok=True)
         raise CheckpointWriteError(f"checkpoint write failed: {error.strerror or error} ({target})") from error
-    for temporary, final in written:
-        os.replace(temporary, final)
     return out
-
-
-def write_synced(path: Path, write: Callable[[Path], None]) -> None:
-    """`write(path)`, then force the file to disk: a full disk may only show when data reaches it."""
-    write(path)
-    with open(path, "rb+") as file:
-        os.fsync(file.fileno())
 
 
 @contextlib.contextmanager

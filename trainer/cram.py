@@ -11,6 +11,7 @@ MLflow: progress goes to a callback (the search wires it to `tune.report`), the 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import os
@@ -31,7 +32,7 @@ from space.errors import CramnasError
 from trainer import resume
 from trainer.budget import Budget
 from trainer.checkpoint import CheckpointWriteError, check_writable, save_checkpoint
-from trainer.config import TrainConfig, load_run_config
+from trainer.config import RunConfig, TrainConfig, load_run_config
 from trainer.console import VERBOSE_HELP, CliParser, ProgressLines, is_terminal, one_line_on_ctrl_c, quiet_libraries
 from trainer.corpus import CorpusSource
 from trainer.data import PretrainData, prepare_data, tokens_to_prepare
@@ -132,10 +133,11 @@ def cram_with_model(arch: ArchConfig, train: TrainConfig, data: PretrainData, bu
         torch.backends.cudnn.allow_tf32 = True
     trainer = Trainer(arch, train, data, budget, on_progress, device, before_forward, out_dir, long_run)
     if long_run is not None and long_run.warn is not None:
-        warning = repeat_warning_before(budget, data, trainer.model, train.mlm_rate, trainer.micro_batch, device)
+        warning = repeat_warning_before(budget, data, trainer.model, train.mlm_rate, trainer.state.micro_batch, device)
         if warning is not None:
             long_run.warn(warning)
     seconds, tokens_per_s = trainer.run()
+    state = trainer.state
     evaluation_start = time.perf_counter()
     held_out_loss, by_kind = validation_losses(trainer.model, data, device)
     result = CramResult(
@@ -144,13 +146,13 @@ def cram_with_model(arch: ArchConfig, train: TrainConfig, data: PretrainData, bu
         nats_below_floor=data.corruption_floor - held_out_loss, context_reference=data.context_reference,
         validation_loss_by_kind=by_kind, regime=regime(held_out_loss, data.corruption_floor, data.context_reference),
         validation_seconds=time.perf_counter() - evaluation_start,
-        tokens=trainer.tokens, steps=trainer.steps, micro_steps=trainer.micro_steps, seconds=seconds,
+        tokens=state.tokens, steps=state.steps, micro_steps=state.micro_steps, seconds=seconds,
         tokens_per_s=tokens_per_s, params=trainer.model.num_params(), flops_per_token=trainer.flops_per_token,
         device=device_name(device), seed=train.seed, budget=budget.text, data_fingerprint=data.fingerprint,
-        arch_fingerprint=arch.fingerprint(), code_version=code_version(), oom_halvings=trainer.oom_halvings,
-        final_micro_batch=trainer.micro_batch, loss_curve=trainer.loss_curve,
-        validation_curve=trainer.validation_curve, rollbacks=trainer.rollbacks,
-        epochs=trainer.tokens / corpus_tokens(data), compiled=train.compile, compile_seconds=trainer.compile_seconds,
+        arch_fingerprint=arch.fingerprint(), code_version=code_version(), oom_halvings=state.oom_halvings,
+        final_micro_batch=state.micro_batch, loss_curve=state.loss_curve,
+        validation_curve=state.validation_curve, rollbacks=state.rollbacks,
+        epochs=state.tokens / corpus_tokens(data), compiled=train.compile, compile_seconds=trainer.compile_seconds,
     )
     if out_dir is not None:
         result.checkpoint = str(Path(out_dir))
@@ -160,6 +162,47 @@ def cram_with_model(arch: ArchConfig, train: TrainConfig, data: PretrainData, bu
 
 @one_line_on_ctrl_c
 def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    created: list[Path] = []  # directories the --out check makes: removed again if later input is bad
+    try:  # every user error is caught here, before any data is tokenised or any step is taken
+        run, train, budget, out, long_run = settle_run(args)
+        created = [directory for directory in (out, *out.parents) if not directory.exists()]
+        check_writable(out)
+        data = prepare_run_data(run, train, budget, long_run.source)
+    except CramnasError as error:
+        for directory in created:  # deepest first; rmdir leaves anything that is not empty
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+    resume_from = long_run.resume_from
+    print(f"cramming {run.name} ({run.arch.num_params() / 1e6:.1f}M params) for {budget.text} on "
+          f"{device_name(pick_device())}; {len(data.train):,} training sequences"
+          + (f"; resuming from {resume_from.path}" if resume_from is not None else ""), flush=True)
+    with resume.stop_on_signals(long_run.stop) as received:
+        try:
+            result = cram_showing_progress(run, train, data, budget, out, long_run)
+        except resume.Interrupted as stopped:  # 128 + the signal, as a shell reports a process it ended
+            number = received.get("signum", signal.SIGINT)
+            print(f"stopped by {signal.Signals(number).name}: checkpoint {stopped.checkpoint}; continue with: "
+                  f"python -m trainer.cram --resume {out}", file=sys.stderr)
+            return 128 + number
+        except resume.ResumeError as error:  # the checkpoint is of another run (`check_same_run`)
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        except (NonFiniteLoss, OutOfMemory, CheckpointWriteError) as error:  # the run failed: one line, no traceback
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+    print(f"validation MLM loss {result.validation_loss:.4f} after {result.tokens:,} tokens, {result.steps} steps, "
+          f"{result.seconds:.1f} s ({result.tokens_per_s:,.0f} tokens/s)")
+    print(describe_loss(result.validation_loss, result.unigram_floor, result.corruption_floor, result.context_reference))
+    # MLflow is the search layer's (search/record.py): the trainer only writes the run directory.
+    print(f"checkpoint: {out}; record it in MLflow with: python -m search.record {out}")
+    return 0
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = CliParser(prog="python -m trainer.cram", description="Cram one architecture under a budget.")
     parser.add_argument("--config", help="run config YAML, e.g. trainer/configs/crammed-bert-cpu.yaml")
     parser.add_argument("--budget", help="60s, 5m, 24h (wall-clock), 2e7tokens, 1e15flops, cramming-day (the compute "
@@ -180,55 +223,54 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--config is required (or --resume RUN_DIR to continue a run)")
     if args.resume and args.out:
         parser.error("--out: a resumed run stays in its --resume directory; leave out --out")
+    return args
 
-    def warn(line: str) -> None:
-        tqdm.write(line, file=sys.stderr)
 
-    created: list[Path] = []  # directories the --out check makes: removed again if later input is bad
-    try:  # every user error is caught here, before any data is tokenised or any step is taken
-        resume_from = resume.latest_checkpoint(args.resume, warn) if args.resume else None
-        saved = resume_from.run if resume_from is not None else {"source": {}}
-        # A resumed run keeps its cadences unless told otherwise.
-        every = {flag: vars(args)[flag] or saved["source"].get(flag, "30m") for flag in ("checkpoint_every", "validate_every")}
-        checkpoint_every = resume.parse_every(every["checkpoint_every"], "--checkpoint-every")
-        validate_every = resume.parse_every(every["validate_every"], "--validate-every")
-        run = load_run_config(args.config) if args.config else resume_from.run_config()
-        # Report every 1% for the progress bar (the search keeps 1/16: its early-stopping rungs).
-        train = dataclasses.replace(run.train, report_every=0.01,
-                                    seed=run.train.seed if args.seed is None else args.seed)
-        budget = Budget.parse(args.budget or saved.get("budget", "24h"))
-        out = Path(args.resume or args.out or Path("runs") / f"{run.name}-{budget.text}")
-        if resume_from is None:
-            resume.check_fresh(out)
-        created = [directory for directory in (out, *out.parents) if not directory.exists()]
-        check_writable(out)
-        source = saved["source"]  # a resumed run reads the data it was trained on, unless told otherwise
-        if args.data or args.corpus:
-            source = {"data_dir": args.data and str(Path(args.data).resolve()), "corpus": args.corpus}
-        source = {"name": run.name, "data_dir": source.get("data_dir"), "corpus": source.get("corpus"),
-                  "cache_dir": args.cache_dir or source.get("cache_dir"), **every}
-        # Without --data or --corpus, a GPU streams a corpus it cannot exhaust (trainer/corpus.py),
-        # as much of it as a token or FLOP budget trains on.
-        corpus = CorpusSource.from_args(data_dir=source["data_dir"], corpus=source["corpus"],
-                                        gpu=pick_device().type == "cuda")
-        data = prepare_data(corpus, vocab_size=run.arch.vocab_size, seq_len=run.arch.max_seq_len,
-                            cache_dir=source["cache_dir"], max_tokens=tokens_to_prepare(
-                                corpus, budget.resolve(run.arch, train.mlm_rate),
-                                run.arch.flops_per_token(run.arch.max_seq_len, train.mlm_rate)))
-        if resume_from is not None:
-            resume.check_same_run(saved, resume.run_record(run.arch, train, budget, data.fingerprint), resume_from.path)
-    except CramnasError as error:
-        for directory in created:  # deepest first; rmdir leaves anything that is not empty
-            with contextlib.suppress(OSError):
-                directory.rmdir()
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+def warn(line: str) -> None:
+    tqdm.write(line, file=sys.stderr)  # above a progress bar, not through it
 
-    print(f"cramming {run.name} ({run.arch.num_params() / 1e6:.1f}M params) for {budget.text} on "
-          f"{device_name(pick_device())}; {len(data.train):,} training sequences"
-          + (f"; resuming from {resume_from.path}" if resume_from is not None else ""), flush=True)
-    # A bar on a terminal; in a log file a plain line every 10% (or 30 s), not one endless line of
-    # the bar's carriage-return updates.
+
+def settle_run(args: argparse.Namespace) -> tuple[RunConfig, TrainConfig, Budget, Path, resume.LongRun]:
+    """The run the arguments ask for, where it goes, and its long-run settings. With --resume, the
+    run of the checkpoint, each setting also given on the command line taking its place: a changed
+    one is refused (`check_same_run`) by `cram`, once the data's fingerprint is known."""
+    resume_from = resume.latest_checkpoint(args.resume, warn) if args.resume else None
+    saved = resume_from.run if resume_from is not None else {"source": {}}
+    # A resumed run keeps its cadences unless told otherwise.
+    every = {flag: vars(args)[flag] or saved["source"].get(flag, "30m") for flag in ("checkpoint_every", "validate_every")}
+    checkpoint_every = resume.parse_every(every["checkpoint_every"], "--checkpoint-every")
+    validate_every = resume.parse_every(every["validate_every"], "--validate-every")
+    run = load_run_config(args.config) if args.config else resume_from.run_config()
+    # Report every 1% for the progress bar (the search keeps 1/16: its early-stopping rungs).
+    train = dataclasses.replace(run.train, report_every=0.01, seed=run.train.seed if args.seed is None else args.seed)
+    budget = Budget.parse(args.budget or saved.get("budget", "24h"))
+    out = Path(args.resume or args.out or Path("runs") / f"{run.name}-{budget.text}")
+    if resume_from is None:
+        resume.check_fresh(out)
+    source = saved["source"]  # a resumed run reads the data it was trained on, unless told otherwise
+    if args.data or args.corpus:
+        source = {"data_dir": args.data and str(Path(args.data).resolve()), "corpus": args.corpus}
+    source = {"name": run.name, "data_dir": source.get("data_dir"), "corpus": source.get("corpus"),
+              "cache_dir": args.cache_dir or source.get("cache_dir"), **every}
+    long_run = resume.LongRun(checkpoint_every, validate_every, resume_from, threading.Event(), warn, source)
+    return run, train, budget, out, long_run
+
+
+def prepare_run_data(run: RunConfig, train: TrainConfig, budget: Budget, source: dict) -> PretrainData:
+    # Without --data or --corpus, a GPU streams a corpus it cannot exhaust (trainer/corpus.py),
+    # as much of it as a token or FLOP budget trains on.
+    corpus = CorpusSource.from_args(data_dir=source["data_dir"], corpus=source["corpus"],
+                                    gpu=pick_device().type == "cuda")
+    flops_per_token = run.arch.flops_per_token(run.arch.max_seq_len, train.mlm_rate)
+    return prepare_data(corpus, vocab_size=run.arch.vocab_size, seq_len=run.arch.max_seq_len,
+                        cache_dir=source["cache_dir"], max_tokens=tokens_to_prepare(
+                            corpus, budget.resolve(run.arch, train.mlm_rate), flops_per_token))
+
+
+def cram_showing_progress(run: RunConfig, train: TrainConfig, data: PretrainData, budget: Budget, out: Path,
+                          long_run: resume.LongRun) -> CramResult:
+    """`cram` with a bar on a terminal; in a log file a plain line every 10% (or 30 s), not one
+    endless line of the bar's carriage-return updates."""
     bar = tqdm(total=100, unit="%", bar_format="{l_bar}{bar}| {n:.0f}/{total}% [{elapsed}<{remaining}{postfix}]",
                disable=not is_terminal(sys.stderr))
     lines = ProgressLines(lambda line: print(line, file=sys.stderr, flush=True))
@@ -242,32 +284,17 @@ def main(argv: list[str] | None = None) -> int:
         bar.set_postfix(loss=f"{progress.train_loss:.3f}", tok_s=f"{progress.tokens_per_s:,.0f}",
                         tokens=f"{progress.tokens:,}")
 
-    stop = threading.Event()
-    long_run = resume.LongRun(checkpoint_every, validate_every, resume_from, stop, warn, source)
-    with resume.stop_on_signals(stop) as received:
-        try:
-            result = cram(run.arch, train, data, budget, on_progress=show, out_dir=out, long_run=long_run)
-        except resume.Interrupted as stopped:  # 128 + the signal, as a shell reports a process it ended
-            bar.close()
-            number = received.get("signum", signal.SIGINT)
-            print(f"stopped by {signal.Signals(number).name}: checkpoint {stopped.checkpoint}; continue with: "
-                  f"python -m trainer.cram --resume {out}", file=sys.stderr)
-            return 128 + number
-        except (NonFiniteLoss, OutOfMemory, CheckpointWriteError) as error:  # the run failed: one line, no traceback
-            bar.close()
-            print(f"error: {error}", file=sys.stderr)
-            return 1
+    try:
+        result = cram(run.arch, train, data, budget, on_progress=show, out_dir=out, long_run=long_run)
+    except BaseException:
+        bar.close()  # before the caller's one line
+        raise
     # The end of the budget is no progress report (trainer.loop): the bar and the lines stopped short of it.
     bar.n = 100
     bar.close()
     if bar.disable:
         lines.update(1.0, f"{result.tokens:,} tokens")
-    print(f"validation MLM loss {result.validation_loss:.4f} after {result.tokens:,} tokens, {result.steps} steps, "
-          f"{result.seconds:.1f} s ({result.tokens_per_s:,.0f} tokens/s)")
-    print(describe_loss(result.validation_loss, result.unigram_floor, result.corruption_floor, result.context_reference))
-    # MLflow is the search layer's (search/record.py): the trainer only writes the run directory.
-    print(f"checkpoint: {out}; record it in MLflow with: python -m search.record {out}")
-    return 0
+    return result
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
                                  vocab_size=data.vocab_size)
     python -m trainer.data --data ../shared/data --vocab-size 8192     # prepare, print a summary
     python -m trainer.data --corpus HuggingFaceFW/fineweb-edu --max-tokens 2e9   # stream 2e9 tokens
+    (the command line is trainer/data_cli.py)
 
 The pipeline, in order, one module a step: `trainer.corpus` (where the text comes from),
 `trainer.tokenizer` (the WordPiece tokenizer), `trainer.packing` (documents into rows), this
@@ -25,8 +26,8 @@ What `prepare_data` does, each step cached so that a second call only opens file
    tokens (a streamed corpus stops reading there too).
 5. Compute the unigram floor of the packed arrays (`trainer.unigram`) for the manifest.
 6. Write <cache>/data/<fingerprint>/{train.bin, validation.bin, tokenizer.json, manifest.json}
-   into a temporary directory and rename it into place, so that a killed preparation never
-   leaves a directory that looks complete. The .bin files are raw row-major token arrays
+   into a temporary directory and rename it into place (`trainer.atomic`), so that a killed
+   preparation never leaves a directory that looks complete. The .bin files are raw row-major token arrays
    (uint16 when the vocabulary fits, else int32); the manifest gives their shapes. A manifest
    written before the floor existed gets it added on first open (`trainer.cache` for the layout).
 
@@ -38,15 +39,12 @@ machine's cache once, so that no trial tokenises the corpus again.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
 import math
 import os
-import shutil
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,12 +53,10 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from space.errors import CramnasError
+from trainer.atomic import atomic_directory, write_atomically
 from trainer.budget import Budget
-from trainer.cache import FORMAT_VERSION, cache_root, digest, locked, write_atomically
-from trainer.console import CliParser, one_line_on_ctrl_c
-from trainer.corpus import HELD_OUT_FRACTION, HUB_CONFIGS, Corpus, CorpusSource, DataError, Documents, logged
-from trainer.data_flags import add_data_arguments
+from trainer.cache import FORMAT_VERSION, cache_root, digest, locked
+from trainer.corpus import HELD_OUT_FRACTION, Corpus, CorpusSource, DataError, Documents, logged
 from trainer.packing import write_packed
 from trainer.references import compute_references, shown_positions
 from trainer.tokenizer import (
@@ -247,20 +243,8 @@ def tokens_to_prepare(source: CorpusSource, budget: Budget, flops_per_token: flo
     otherwise: a loaded corpus is prepared whole, and a wall-clock budget's tokens are unknown
     before training (the streamed default, STREAM_DEFAULT_TOKENS, then applies), and so are those of
     reference-core seconds not yet resolved for an architecture (`Budget.resolve`)."""
-    if not source.streaming or not (budget.kind == "tokens" or (budget.kind == "flops" and flops_per_token)):
-        return None
-    return math.ceil(budget.tokens_left(0, flops_per_token or 1.0))
-
-
-def token_count(text: str) -> int:
-    """A --max-tokens value: a positive whole number, 2000000000 or 2e9."""
-    try:
-        count = float(text)
-    except ValueError:
-        count = 0.0
-    if not (1 <= count < math.inf) or count != int(count):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number of tokens; write e.g. 2e9")
-    return int(count)
+    tokens = budget.tokens(flops_per_token)
+    return math.ceil(tokens) if source.streaming and tokens is not None else None
 
 
 def _build(
@@ -272,20 +256,14 @@ def _build(
     start: float,
 ) -> None:
     seq_len, dtype = manifest["seq_len"], manifest["dtype"]
-    building = data_dir.parent / f".{data_dir.name}.{uuid.uuid4().hex[:8]}"
-    building.mkdir(parents=True)
-    try:
+    # prepare_data takes a data directory with a manifest as complete: `atomic_directory` gives it
+    # its name only once every file is written, so a killed preparation leaves none that looks so.
+    with atomic_directory(data_dir, if_exists="keep") as staged:
         # Validation first: it is small, and a corpus too short for it fails before the long part.
         with _timed(timings, "validation"), logged("packed the validation set"):
-            validation = write_packed(
-                documents.validation,
-                tokenizer,
-                seq_len,
-                dtype,
-                building / "validation.bin",
-                "validation",
-                max_rows=manifest["max_validation_sequences"],
-            )
+            validation = staged.write("validation.bin", lambda path: write_packed(
+                documents.validation, tokenizer, seq_len, dtype, path, "validation",
+                max_rows=manifest["max_validation_sequences"]))
         if not validation["sequences"]:
             raise DataError(
                 f"the validation text ({documents.validation_origin}) is too short for one sequence of "
@@ -293,14 +271,15 @@ def _build(
             )
         max_tokens = manifest.get("max_tokens")
         with _timed(timings, "train"), logged("tokenised and packed the train documents"):
-            train = write_packed(documents.train, tokenizer, seq_len, dtype, building / "train.bin", "train",
-                                  max_rows=-(-max_tokens // seq_len) if max_tokens is not None else None)
+            train = staged.write("train.bin", lambda path: write_packed(
+                documents.train, tokenizer, seq_len, dtype, path, "train",
+                max_rows=-(-max_tokens // seq_len) if max_tokens is not None else None))
         if not train["sequences"]:
             raise DataError(
                 f"the train text ({train['document_tokens']} tokens) is too short for one sequence of "
                 f"seq_len={seq_len}; give more text or a smaller seq_len"
             )
-        tokenizer.save(str(building / "tokenizer.json"))
+        staged.write("tokenizer.json", lambda path: tokenizer.save(str(path)))
         timings["total"] = round(time.perf_counter() - start, 2)
         manifest.update(
             train=train,
@@ -308,13 +287,7 @@ def _build(
             seconds=timings,
             created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         )
-        # prepare_data takes a data directory with a manifest as complete: the rename below is
-        # atomic, so only a finished directory ever carries its final name.
-        (building / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        _publish(building, data_dir)
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
+        staged.write(MANIFEST, lambda path: path.write_text(json.dumps(manifest, indent=2) + "\n"))
     logger.info(
         "prepared %s: %d train and %d validation sequences of %d tokens in %.1f s",
         data_dir,
@@ -327,27 +300,10 @@ def _build(
 
 def _install(files: Mapping[str, np.ndarray], data_dir: Path) -> None:
     """Write an entry's files (`entry_files`) as `data_dir`, whole or not at all, like `_build`."""
-    building = data_dir.parent / f".{data_dir.name}.{uuid.uuid4().hex[:8]}"
-    building.mkdir(parents=True)
-    try:
+    with atomic_directory(data_dir, if_exists="keep") as staged:
         for name in ENTRY_FILES:
-            files[name].tofile(building / name)
-        _publish(building, data_dir)
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
+            staged.write(name, files[name].tofile)
     logger.info("wrote %s from the driver's prepared data", data_dir)
-
-
-def _publish(building: Path, data_dir: Path) -> None:
-    """Move a finished directory into place in one atomic rename."""
-    try:
-        building.rename(data_dir)
-    except OSError:
-        # Another process prepared the same data meanwhile: theirs is as good as ours.
-        if not (data_dir / MANIFEST).is_file():
-            raise
-        shutil.rmtree(building)
 
 
 def _open(data_dir: Path, tokenizer: Tokenizer, from_cache: bool) -> PretrainData:
@@ -422,67 +378,12 @@ def _timed(timings: dict[str, float], step: str) -> Iterator[None]:
     timings[step] = round(time.perf_counter() - start, 2)
 
 
-@one_line_on_ctrl_c
 def main(argv: list[str] | None = None) -> None:
-    parser = CliParser(
-        prog="python -m trainer.data", description="Prepare (or find cached) pretraining data."
-    )
-    add_data_arguments(parser, data_help="local data: DATA (with pretrain/<name>/), a corpus directory or a file")
-    parser.add_argument(
-        "--corpus-config", help="hub dataset config (default: " + ", ".join(
-            f"{config} for {corpus}" for corpus, config in HUB_CONFIGS.items()) + ")"
-    )
-    parser.add_argument("--name", help="which corpus of DATA/pretrain/ when there are several")
-    parser.add_argument("--text-column", default="text")
-    parser.add_argument("--vocab-size", type=int, default=32768)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--normalization", default="cramming", help=f"one of {', '.join(NORMALIZATIONS)}")
-    parser.add_argument("--tokenizer-file", help="use this tokenizer.json instead of training one")
-    parser.add_argument("--tokenizer-sample-chars", type=int, default=TOKENIZER_SAMPLE_CHARS)
-    parser.add_argument("--max-validation-sequences", type=int, default=512)
-    parser.add_argument("--max-tokens", type=token_count, metavar="N",
-                        help="stop once the train rows hold N tokens, e.g. 2e9 (default: the whole corpus; "
-                        f"{STREAM_DEFAULT_TOKENS:,} of a streamed hub corpus)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    """`python -m trainer.data`, whose command line is trainer/data_cli.py's (kept out of this module
+    to keep it about the data)."""
+    from trainer.data_cli import main as data_cli  # here: trainer.data_cli imports this module
 
-    start = time.perf_counter()
-    try:
-        source = CorpusSource.from_args(
-            args.data, args.corpus, args.corpus_config, args.text_column, args.name, gpu=torch.cuda.is_available()
-        )
-        data = prepare_data(
-            source,
-            vocab_size=args.vocab_size,
-            seq_len=args.seq_len,
-            normalization=args.normalization,
-            tokenizer_file=args.tokenizer_file,
-            cache_dir=args.cache_dir,
-            max_validation_sequences=args.max_validation_sequences,
-            tokenizer_sample_chars=args.tokenizer_sample_chars,
-            max_tokens=args.max_tokens,
-        )
-    except CramnasError as error:
-        parser.exit(2, f"error: {error}\n")
-    seconds = time.perf_counter() - start
-
-    manifest = data.manifest
-    train, validation = manifest["train"], manifest["validation"]
-    print(f"fingerprint  {data.fingerprint}  ({'cache hit' if data.from_cache else 'prepared now'})")
-    print(f"directory    {data.tokenizer_path.parent}")
-    print(f"source       {manifest['source_description']}")
-    end = (f"{train['dropped_tail_tokens']} dropped as the tail" if "dropped_tail_tokens" in train
-           else f"stopped at max_tokens={manifest['max_tokens']:,}")
-    print(
-        f"train        {train['sequences']:,} sequences x {data.seq_len} tokens from {train['documents']:,} "
-        f"documents ({train['document_tokens']:,} tokens; {end})"
-    )
-    print(f"validation   {validation['sequences']:,} sequences from the {validation['origin']}")
-    print(f"tokenizer    {data.vocab_size:,} tokens, normalization {manifest['normalization']}")
-    print(f"unigram      floor {data.unigram_floor:.4f} nats, the validation loss of predicting from token "
-          "frequencies alone")
-    steps = ", ".join(f"{step} {value:.1f} s" for step, value in manifest["seconds"].items())
-    print(f"time         {seconds:.2f} s for this call; preparation took: {steps}")
+    data_cli(argv)
 
 
 if __name__ == "__main__":

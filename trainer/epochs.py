@@ -26,7 +26,7 @@ def repeat_warning(budget: Budget, available: int, flops_per_token: float,
                    tokens_per_s: float | None = None) -> str | None:
     """One line when `budget` would train on more than `available` tokens (None otherwise, and for a
     wall-clock budget whose speed is unknown)."""
-    if budget.kind == "seconds":
+    if budget.is_wall_clock:
         if tokens_per_s is None:
             return None
         tokens, speed = budget.amount * tokens_per_s, f" at ~{tokens_per_s:,.0f} tokens/s (timed before training)"
@@ -43,7 +43,7 @@ def repeat_warning(budget: Budget, available: int, flops_per_token: float,
 def repeat_warning_before(budget: Budget, data: PretrainData, model: torch.nn.Module, mlm_rate: float,
                           micro_batch: int, device: torch.device) -> str | None:
     """`repeat_warning` for a run about to start: a wall-clock budget times `model` first."""
-    speed = measure_speed(model, data, mlm_rate, micro_batch, device) if budget.kind == "seconds" else None
+    speed = measure_speed(model, data, mlm_rate, micro_batch, device) if budget.is_wall_clock else None
     return repeat_warning(budget, corpus_tokens(data), model.flops_per_token(data.seq_len, mlm_rate), speed)
 
 

@@ -9,11 +9,13 @@ validation from `trainer.resume`; on CUDA out-of-memory the micro-batch halves (
 
 from __future__ import annotations
 
+import copy
 import gc
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -51,6 +53,41 @@ class Progress:
     lr: float
 
 
+@dataclass
+class LoopState:
+    """Where the loop is, between two optimizer steps: with the weights, the optimizer and the RNG
+    states, what a resumable checkpoint holds (its state.json's "progress"). The learning rate and
+    the batch ramp follow from the budget spent."""
+
+    micro_batch: int  # halved on CUDA out-of-memory; train.micro_batch is not
+    next_report: float  # the budget fraction of the next progress report
+    tokens: int = 0
+    steps: int = 0  # optimizer steps
+    micro_steps: int = 0
+    oom_halvings: int = 0
+    seconds: float = 0.0  # training time: checkpoints and intermediate validations are not counted
+    batches_drawn: int = 0  # of the data order: a resumed run draws on from there
+    pending_losses: list[float] = field(default_factory=list)  # micro-batch losses since the last report
+    loss_curve: list[tuple[int, float]] = field(default_factory=list)  # (tokens, train loss)
+    validation_curve: list[tuple[int, float]] = field(default_factory=list)  # (tokens, validation loss)
+    rollbacks: list[dict] = field(default_factory=list)  # RollbackGuard's records
+    recent_losses: list[float] = field(default_factory=list)  # of the last accepted steps: spikes are judged against them
+
+    def to_dict(self) -> dict:
+        """A copy that later steps leave alone. Shallow, for speed (it is taken every step): the
+        lists only ever grow or shrink, and what they hold (numbers, pairs, finished rollback
+        records) is never changed in place."""
+        return {item.name: copy.copy(getattr(self, item.name)) for item in fields(self)}
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> LoopState:
+        """The state `to_dict` gave, read back from JSON (which keeps other keys beside it: "rng")."""
+        state = cls(**{item.name: saved[item.name] for item in fields(cls)})
+        state.loss_curve = [tuple(point) for point in state.loss_curve]  # JSON made the pairs lists
+        state.validation_curve = [tuple(point) for point in state.validation_curve]
+        return state
+
+
 def max_progress_reports(report_every: float) -> int:
     """The most progress reports a run makes: one per multiple of `report_every` below 1, none at
     the end of the budget (`Trainer.run`); fewer when a step crosses more than one."""
@@ -83,8 +120,8 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig, device: torch.de
     return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.betas), eps=train.eps, fused=True)
 
 
-class Trainer(resume.ResumableState):
-    """The state of one cram; `run` is the loop. Split out so each piece stays short."""
+class Trainer:
+    """One cram: its model, optimizer, data order and `state` (`LoopState`); `run` is the loop."""
 
     clock = staticmethod(time.perf_counter)  # what a wall-clock budget counts; tests/test_cram.py fakes it
 
@@ -100,22 +137,47 @@ class Trainer(resume.ResumableState):
         self.step_fn, self.compile_seconds = self.model, 0.0
         self.optimizer = build_optimizer(self.model, train, device)
         self.generator = torch.Generator(device).manual_seed(train.seed)  # masking runs on the device
-        self.micro_batch = train.micro_batch  # halved on CUDA out-of-memory; train.micro_batch is not
         self.flops_per_token = arch.flops_per_token(arch.max_seq_len, train.mlm_rate)
-        self.tokens = self.steps = self.micro_steps = self.oom_halvings = self.batches_drawn = 0
-        self.seconds = 0.0  # training time: checkpoints and intermediate validations are not counted
-        self.next_report, self.pending_losses = train.report_every, []  # micro-batch losses since the last report
-        self.loss_curve: list[tuple[int, float]] = []
-        self.validation_curve: list[tuple[int, float]] = []
-        self.rollbacks: list[dict] = []
-        self.recent_losses: list[float] = []  # of the last accepted steps: a spike is judged against them
+        self.state = LoopState(micro_batch=train.micro_batch, next_report=train.report_every)
         self.start_from(self.long_run.resume_from)
         self.create_optimizer_state()
-        self.batches = data.batches(train.micro_batch, seed=train.seed, start=self.batches_drawn * train.micro_batch)
-        self.guard = RollbackGuard(train, self.model, self.optimizer, self.rollbacks, self.recent_losses)
-        self.boundary = self.progress()
+        self.batches = data.batches(train.micro_batch, seed=train.seed,
+                                    start=self.state.batches_drawn * train.micro_batch)
+        self.guard = RollbackGuard(train, self.model, self.optimizer, self.state.rollbacks, self.state.recent_losses)
+        self.boundary = self.snapshot()
         if train.compile:  # last: compiling needs the optimizer and the micro-batch
             self.step_fn = self.compiled()
+
+    def start_from(self, checkpoint: resume.Checkpoint | None) -> None:
+        """Continue from `checkpoint` (weights, optimizer, loop state, RNG states) when one is given;
+        the checkpoint and validation cadences count from the training it holds."""
+        self.last_checkpoint, self.checkpointed_tokens = None, -1
+        if checkpoint is not None:
+            checkpoint.load_into(self.model, self.optimizer)
+            saved = checkpoint.progress()
+            self.state = LoopState.from_dict(saved)
+            resume.restore_rng(self.generator, saved["rng"])
+            self.last_checkpoint, self.checkpointed_tokens = checkpoint.path, self.state.tokens
+        spent = (self.state.seconds, self.state.tokens, self.state.tokens * self.flops_per_token)
+        self.checkpoints = resume.Cadence(self.long_run.checkpoint_every, *spent)
+        self.validations = resume.Cadence(self.long_run.validate_every, *spent)
+
+    def snapshot(self) -> dict:
+        """The loop's state now, with the RNG states: what a resumable checkpoint saves with the weights."""
+        return {**self.state.to_dict(), "rng": resume.capture_rng(self.generator)}
+
+    def save(self, snapshot: dict) -> Path | None:
+        """A resumable checkpoint of the weights and optimizer with `snapshot`; None when not resumable."""
+        if not self.resumable:
+            return None
+        if snapshot["tokens"] == self.checkpointed_tokens:  # every micro-step adds tokens: nothing changed
+            return self.last_checkpoint
+        run = {**resume.run_record(self.arch, self.train, self.budget, self.data.fingerprint),
+               "source": self.long_run.source}
+        self.last_checkpoint = resume.save_resumable(self.out_dir, self.model, self.optimizer, run, snapshot,
+                                                     keep=self.last_checkpoint)
+        self.checkpointed_tokens = snapshot["tokens"]
+        return self.last_checkpoint
 
     def create_optimizer_state(self) -> None:
         """AdamW's state allocated now, before the budget clock and the compile warm-up: left to the
@@ -162,7 +224,7 @@ class Trainer(resume.ResumableState):
             # (`create_optimizer_state`, `RollbackGuard`), so this pass holds a training step's
             # memory: a micro-batch that does not fit halves here, not at the first step inside the
             # clock. (The fused optimizer step itself allocates nothing more.)
-            rows = torch.randint(0, self.data.vocab_size, (self.micro_batch, self.arch.max_seq_len),
+            rows = torch.randint(0, self.data.vocab_size, (self.state.micro_batch, self.arch.max_seq_len),
                                  generator=torch.Generator().manual_seed(self.train.seed))
             generator = torch.Generator(self.device).manual_seed(self.train.seed)
             mlm_backward(step_fn, rows, self.data, self.train.mlm_rate, self.device, generator)
@@ -177,15 +239,15 @@ class Trainer(resume.ResumableState):
 
     def between_steps(self) -> None:
         """Intermediate validation and periodic checkpoints when due."""
-        spent = (self.seconds, self.tokens, self.tokens * self.flops_per_token)
+        spent = (self.state.seconds, self.state.tokens, self.state.tokens * self.flops_per_token)
         validate, checkpoint = self.validations.due(*spent), self.resumable and self.checkpoints.due(*spent)
         if validate:  # first, so that the checkpoint holds it
-            self.validation_curve.append((self.tokens, validation_loss(self.model, self.data, self.device)))
+            self.state.validation_curve.append((self.state.tokens, validation_loss(self.model, self.data, self.device)))
         if checkpoint:
-            self.save(self.progress())
+            self.save(self.snapshot())
 
     def fraction(self, seconds: float) -> float:
-        return self.budget.fraction(seconds, self.tokens, self.tokens * self.flops_per_token)
+        return self.budget.fraction(seconds, self.state.tokens, self.state.tokens * self.flops_per_token)
 
     def spent(self, fraction: float) -> bool:
         """Whether the budget is spent: `fraction` reached 1, or a token or FLOP budget has no room
@@ -193,12 +255,12 @@ class Trainer(resume.ResumableState):
         shorter one is a new shape, which a compiled step recompiles inside the budget, and padding
         it would spend compute the budget does not count. Such a run ends less than a micro-batch
         short of its budget, and `tokens` counts what it trained on."""
-        room = self.budget.tokens_left(self.tokens, self.flops_per_token)
+        room = self.budget.tokens_left(self.state.tokens, self.flops_per_token)
         return fraction >= 1.0 or room < self.train.micro_batch * self.arch.max_seq_len
 
     def next_rows(self) -> torch.Tensor:
         rows = next(self.batches)
-        self.batches_drawn += 1
+        self.state.batches_drawn += 1
         return rows
 
     def forward_backward(self, rows: torch.Tensor, scale: float) -> torch.Tensor:
@@ -207,10 +269,11 @@ class Trainer(resume.ResumableState):
         return mlm_backward(self.step_fn, rows, self.data, self.train.mlm_rate, self.device, self.generator, scale)
 
     def micro_step(self, rows: torch.Tensor, scale: float) -> torch.Tensor:
-        """Forward/backward of `rows` in chunks of `self.micro_batch` rows (one chunk unless memory
+        """Forward/backward of `rows` in chunks of `self.state.micro_batch` rows (one chunk unless memory
         ran out before); the loss stays on the device."""
         def chunks() -> torch.Tensor:
-            losses = [self.forward_backward(chunk, scale * len(chunk) / len(rows)) for chunk in rows.split(self.micro_batch)]
+            losses = [self.forward_backward(chunk, scale * len(chunk) / len(rows))
+                      for chunk in rows.split(self.state.micro_batch)]
             return sum(losses) / len(losses)
 
         return self.halving_on_oom(chunks)
@@ -223,9 +286,9 @@ class Trainer(resume.ResumableState):
             try:
                 return work()
             except torch.OutOfMemoryError as error:
-                if self.micro_batch == 1:
+                if self.state.micro_batch == 1:
                     raise OutOfMemory(f"out of {self.device.type} memory even at micro_batch 1 (halved "
-                                      f"{self.oom_halvings} times from {self.train.micro_batch}); choose a smaller "
+                                      f"{self.state.oom_halvings} times from {self.train.micro_batch}); choose a smaller "
                                       "architecture or max_seq_len") from error
             # Retried out here, not in the `except` block: there the exception's traceback still
             # holds the failed pass's frames and with them its activations, so the halved retry
@@ -234,16 +297,16 @@ class Trainer(resume.ResumableState):
             gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            self.micro_batch //= 2
-            self.oom_halvings += 1
+            self.state.micro_batch //= 2
+            self.state.oom_halvings += 1
 
     def run(self) -> tuple[float, float]:
         """Train until the budget is spent (a resumed run: what is left of it); returns (seconds, tokens/s)."""
         stop = self.long_run.stop
-        fraction = self.fraction(self.seconds)
+        fraction = self.fraction(self.state.seconds)
         last = self.clock()
         while not self.spent(fraction):
-            self.boundary = self.progress()
+            self.boundary = self.snapshot()
             accumulate = micro_batches_per_step(fraction, self.train.batch_size, self.train.micro_batch,
                                                 self.train.batch_ramp)
             lr = self.train.lr * triangle_lr(fraction, self.train.lr_base, self.train.lr_peak_at)
@@ -255,15 +318,15 @@ class Trainer(resume.ResumableState):
                     raise resume.Interrupted(self.save(self.boundary))
                 rows = self.next_rows()
                 losses.append(self.micro_step(rows, 1.0 / accumulate))
-                self.tokens += rows.numel()  # budget spent, even if a rollback discards the step
-                self.micro_steps += 1
+                self.state.tokens += rows.numel()  # budget spent, even if a rollback discards the step
+                self.state.micro_steps += 1
                 now = self.clock()
                 micro_seconds, last = now - last, now
-                self.seconds += micro_seconds
+                self.state.seconds += micro_seconds
                 # A wall-clock budget stops once the next micro-step would end more than half of
                 # itself past the budget, so the run ends within half a micro-step of it.
-                ahead = 0.5 * micro_seconds if self.budget.kind == "seconds" else 0.0
-                fraction = self.fraction(self.seconds + ahead)
+                ahead = 0.5 * micro_seconds if self.budget.is_wall_clock else 0.0
+                fraction = self.fraction(self.state.seconds + ahead)
                 if self.spent(fraction):
                     break  # the budget ends mid-step: apply what was accumulated
             # The one wait for the device per optimizer step: the guard needs the loss. It also
@@ -272,12 +335,12 @@ class Trainer(resume.ResumableState):
             loss = sum(step_losses) / len(step_losses)  # non-finite if any micro-step's was
             reason = self.guard.verdict(loss)
             if reason is not None:
-                self.guard.roll_back(self.steps, self.tokens, loss, reason, self.batches_drawn)
+                self.guard.roll_back(self.state.steps, self.state.tokens, loss, reason, self.state.batches_drawn)
                 continue
             paused = self.clock()
-            self.guard.accept(self.steps, loss, self.boundary["batches_drawn"])
+            self.guard.accept(self.state.steps, loss, self.boundary["batches_drawn"])
             last += self.clock() - paused  # a rollback snapshot is not training time
-            self.pending_losses.extend(step_losses)
+            self.state.pending_losses.extend(step_losses)
             if len(losses) < accumulate:  # rescale the partial accumulation to a mean over those done
                 for p in self.model.parameters():
                     if p.grad is not None:
@@ -285,31 +348,31 @@ class Trainer(resume.ResumableState):
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.gradient_clip)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            self.steps += 1
-            self.seconds += self.clock() - last
+            self.state.steps += 1
+            self.state.seconds += self.clock() - last
             # Progress reports come only while budget is left: the end is the caller's final
             # report, after validation (and a search trial's probe). A search stops a trial inside
             # a progress report (ASHA), so one at the end would throw a spent budget away.
-            if not self.spent(fraction) and fraction >= self.next_report:
+            if not self.spent(fraction) and fraction >= self.state.next_report:
                 self.report(fraction, lr)
             self.between_steps()
             last = self.clock()  # waiting for the driver, checkpoints and validations are not training time
-        if self.pending_losses:
+        if self.state.pending_losses:
             self.record_loss()
-        self.save(self.progress())
-        return self.seconds, self.tokens / max(self.seconds, 1e-9)
+        self.save(self.snapshot())
+        return self.state.seconds, self.state.tokens / max(self.state.seconds, 1e-9)
 
     def record_loss(self) -> float:
         """The mean train loss since the last point of the loss curve, added to it."""
-        mean = sum(self.pending_losses) / len(self.pending_losses)
-        self.loss_curve.append((self.tokens, mean))
-        self.pending_losses = []
+        mean = sum(self.state.pending_losses) / len(self.state.pending_losses)
+        self.state.loss_curve.append((self.state.tokens, mean))
+        self.state.pending_losses = []
         return mean
 
     def report(self, fraction: float, lr: float) -> None:
         mean = self.record_loss()
         if self.on_progress:
-            self.on_progress(Progress(fraction, self.steps, self.tokens, mean,
-                                      self.tokens / max(self.seconds, 1e-9), self.seconds, lr))
-        while self.next_report <= fraction:
-            self.next_report += self.train.report_every
+            self.on_progress(Progress(fraction, self.state.steps, self.state.tokens, mean,
+                                      self.state.tokens / max(self.state.seconds, 1e-9), self.state.seconds, lr))
+        while self.state.next_report <= fraction:
+            self.state.next_report += self.train.report_every

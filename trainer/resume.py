@@ -6,8 +6,9 @@
 between two optimizer steps (budget spent, data position, loss and validation curves, rollbacks,
 LR schedule position through the budget fraction) and the RNG states (torch, CUDA, the masking
 generator, numpy, python), and the size and SHA-256 of the two weight files. A checkpoint is built
-under a temporary name, every file synced, then renamed into place: a directory named `step-*`
-is complete. The newest one and the one before are kept. On resume, a checkpoint that does not
+under a temporary name, every file synced, then renamed into place (`trainer.atomic`): a directory
+named `step-*` is complete. These are the resumable checkpoints; the final one, which other tools
+read, is trainer/checkpoint.py's. The newest one and the one before are kept. On resume, a checkpoint that does not
 match its record (a damaged disk, a copy cut short) is refused with one line and the one before
 it is used.
 """
@@ -16,11 +17,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import copy
 import hashlib
 import json
 import math
-import os
 import random
 import shutil
 import signal
@@ -34,8 +33,9 @@ import torch
 from safetensors.torch import load_file, load_model, save_file
 
 from space.arch import ArchConfig
+from trainer.atomic import atomic_directory
 from trainer.budget import Budget, BudgetError
-from trainer.checkpoint import CheckpointWriteError, safetensors_os_errors, save_weights, write_synced
+from trainer.checkpoint import CheckpointWriteError, safetensors_os_errors, save_weights
 from trainer.config import ConfigError, RunConfig, TrainConfig
 
 FORMAT_VERSION = 1
@@ -101,7 +101,7 @@ def parse_every(text: str, flag: str) -> Budget | None:
         every = Budget.parse(text)
     except BudgetError as error:
         raise BudgetError(f"{flag}: {str(error).removeprefix('budget: ')} (or off)") from None
-    if every.kind == "refs":  # a cadence is counted in the loop, which sees no reference core
+    if every.is_reference_core:  # a cadence is counted in the loop, which sees no reference core
         raise BudgetError(f"{flag}: {every.text} is reference-core seconds, a budget's unit only; write e.g. 30m, "
                           "2e6tokens or 1e12flops (or off)")
     return every
@@ -129,7 +129,7 @@ class Cadence:
 def capture_rng(masking: torch.Generator) -> dict:
     """The random states the loop draws from, as they are now: taken at every step, so ~10 us.
     numpy's and python's, which it never draws from (and which take 0.2 ms), are added by
-    `save_state`."""
+    `save_resumable`."""
     return {"torch": torch.get_rng_state(), "masking": masking.get_state(), "cuda": _cuda_rng_states()}
 
 
@@ -180,21 +180,13 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(file, "sha256").hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def save_state(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: dict,
-               progress: dict, keep: Path | None = None) -> Path:
-    """Write `run_dir/checkpoints/step-<steps>/` atomically; remove every other checkpoint but `keep`
-    (the previous one). `progress` holds the loop's counters and its raw RNG states (`capture_rng`)."""
+def save_resumable(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, run: dict,
+                   progress: dict, keep: Path | None = None) -> Path:
+    """Write the resumable checkpoint `run_dir/checkpoints/step-<steps>/` atomically; remove every
+    other checkpoint but `keep` (the previous one). `progress` is the loop's state with its raw RNG
+    states (`trainer.loop.Trainer.snapshot`)."""
     root = Path(run_dir) / CHECKPOINTS
-    name = f"step-{progress['steps']:08d}"
-    final, building = root / name, root / f".{name}.tmp-{os.getpid()}"
+    final = root / f"step-{progress['steps']:08d}"
     optimizer_state = optimizer.state_dict()
     tensors = {f"{index}.{key}": value.detach().to("cpu").contiguous()
                for index, values in optimizer_state["state"].items() for key, value in values.items()}
@@ -206,76 +198,24 @@ def save_state(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.opt
                "optimizer.safetensors": lambda path: save_file(tensors, str(path))}
     current = final  # named in the error: where the file that failed would have been
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(building, ignore_errors=True)
-        building.mkdir()
-        for file, write in writers.items():
-            current = final / file
-            with safetensors_os_errors():
-                write_synced(building / file, write)
-        state["files"] = {file: {"bytes": (building / file).stat().st_size, "sha256": _sha256(building / file)}
-                          for file in writers}
-        current = final / STATE  # last: a directory whose state.json reads holds every file it describes
-        write_synced(building / STATE, lambda path: path.write_text(json.dumps(state, indent=1)))
-        _fsync_dir(building)
+        # "replace": a second checkpoint at the same step (interrupted right after a periodic one)
+        with atomic_directory(final, if_exists="replace") as staged:
+            for file, write in writers.items():
+                current = final / file
+                with safetensors_os_errors():
+                    staged.write(file, write)
+            state["files"] = {file: {"bytes": staged.path(file).stat().st_size, "sha256": _sha256(staged.path(file))}
+                              for file in writers}
+            current = final / STATE  # last: a directory whose state.json reads holds every file it describes
+            staged.write(STATE, lambda path: path.write_text(json.dumps(state, indent=1)))
     except OSError as error:
-        shutil.rmtree(building, ignore_errors=True)
         with contextlib.suppress(OSError):
             root.rmdir()  # when nothing else is in it
         raise CheckpointWriteError(f"checkpoint write failed: {error.strerror or error} ({current})") from error
-    replaced = root / f".{name}.old-{os.getpid()}"
-    if final.exists():  # a second checkpoint at the same step (interrupted right after a periodic one)
-        final.rename(replaced)
-    building.rename(final)
-    _fsync_dir(root)
     for entry in root.iterdir():  # older checkpoints, refused ones and what killed writers left
         if entry not in (final, keep):
             shutil.rmtree(entry, ignore_errors=True)
     return final
-
-
-# The loop's counters and curves: with the weights, the optimizer and the RNG states, what a
-# resumable checkpoint holds. The LR and batch ramp follow from the budget spent.
-PROGRESS_FIELDS = ("tokens", "steps", "micro_steps", "oom_halvings", "micro_batch", "seconds", "batches_drawn",
-                   "next_report", "pending_losses", "loss_curve", "validation_curve", "rollbacks", "recent_losses")
-
-
-class ResumableState:
-    """How `trainer.loop.Trainer`, which owns the attributes used here, saves and restores its state."""
-
-    def start_from(self, checkpoint: Checkpoint | None) -> None:
-        """Continue from `checkpoint` (weights, optimizer, progress, RNG states) when one is given;
-        the checkpoint and validation cadences count from the training it holds."""
-        self.last_checkpoint, self.checkpointed_tokens = None, -1
-        if checkpoint is not None:
-            checkpoint.load_into(self.model, self.optimizer)
-            self.load_progress(checkpoint.progress())
-            self.last_checkpoint, self.checkpointed_tokens = checkpoint.path, self.tokens
-        spent = (self.seconds, self.tokens, self.tokens * self.flops_per_token)
-        self.checkpoints = Cadence(self.long_run.checkpoint_every, *spent)
-        self.validations = Cadence(self.long_run.validate_every, *spent)
-
-    def progress(self) -> dict:
-        """The loop's state now, between two optimizer steps: what a checkpoint saves with the weights."""
-        return {**{name: copy.copy(getattr(self, name)) for name in PROGRESS_FIELDS}, "rng": capture_rng(self.generator)}
-
-    def load_progress(self, progress: dict) -> None:
-        for name in PROGRESS_FIELDS:
-            setattr(self, name, progress[name])
-        self.loss_curve = [tuple(point) for point in self.loss_curve]  # JSON made the pairs lists
-        self.validation_curve = [tuple(point) for point in self.validation_curve]
-        restore_rng(self.generator, progress["rng"])
-
-    def save(self, progress: dict) -> Path | None:
-        """A resumable checkpoint of the weights and optimizer with `progress`; None when not resumable."""
-        if not self.resumable:
-            return None
-        if progress["tokens"] == self.checkpointed_tokens:  # every micro-step adds tokens: nothing changed
-            return self.last_checkpoint
-        run = {**run_record(self.arch, self.train, self.budget, self.data.fingerprint), "source": self.long_run.source}
-        self.last_checkpoint = save_state(self.out_dir, self.model, self.optimizer, run, progress, self.last_checkpoint)
-        self.checkpointed_tokens = progress["tokens"]
-        return self.last_checkpoint
 
 
 # ---- reading -----------------------------------------------------------------------------------
@@ -297,7 +237,7 @@ class Checkpoint:
                          ArchConfig.from_dict(self.run["arch"]), TrainConfig.from_dict(self.run["train"]))
 
     def progress(self) -> dict:
-        """The loop's counters and curves, with RNG states ready for `restore_rng`."""
+        """The loop's state (`trainer.loop.LoopState.to_dict`), with RNG states ready for `restore_rng`."""
         progress = dict(self.state["progress"])
         progress["rng"] = _decode_rng(progress["rng"])
         return progress

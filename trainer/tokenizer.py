@@ -21,7 +21,8 @@ from pathlib import Path
 import datasets
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from trainer.cache import FORMAT_VERSION, digest, write_atomically
+from trainer.atomic import write_atomically
+from trainer.cache import FORMAT_VERSION, digest
 from trainer.corpus import HELD_OUT_FRACTION, Corpus, DataError, logged, text_batches
 
 # The ids a trained tokenizer gives them are their positions here: [PAD]=0, [UNK]=1, [CLS]=2,
