@@ -55,7 +55,7 @@ class Costs:
 
     def train_seconds(self, budget: Budget, name: str) -> float:
         """A trial's training seconds at its full budget."""
-        if budget.kind == "seconds":
+        if budget.is_wall_clock:
             return budget.amount
         speed = {"tokens": self.tokens_per_s, "flops": self.flops_per_s}[budget.kind]
         if not speed:

@@ -148,7 +148,7 @@ def repeat_warning_for_study(budget: Budget, space: SearchSpace, train: TrainCon
     from trainer.epochs import corpus_tokens, repeat_warning
 
     rng = random.Random(0)
-    if budget.kind == "refs":
+    if budget.is_reference_core:
         cost = functools.partial(reference_core().seconds_per_token, mlm_rate=train.mlm_rate)
     else:
         cost = functools.partial(ArchConfig.flops_per_token, seq_len=data.seq_len, mlm_rate=train.mlm_rate)
@@ -156,7 +156,7 @@ def repeat_warning_for_study(budget: Budget, space: SearchSpace, train: TrainCon
     budget = budget.resolve(cheapest, train.mlm_rate)
     flops = cheapest.flops_per_token(data.seq_len, train.mlm_rate)
     speed = None
-    if budget.kind == "seconds":
+    if budget.is_wall_clock:
         import torch
 
         from trainer.device import pick_device
