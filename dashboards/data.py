@@ -14,9 +14,10 @@ from mlflow import MlflowClient
 from mlflow.entities import Run
 
 from dashboards.analysis import Score, choose_score, prepare
+from search import tags as tag
 from search.retry import TrackingError
 from search.stores import existing_store
-from search.tracking import TAG, StudyTracker
+from search.tracking import StudyTracker
 from space.errors import UsageError
 
 
@@ -77,7 +78,7 @@ def load_study(study: str, uri: str | None = None) -> StudyData:
     try:
         exp_id = experiment_id(client, uri, study)
         tracker = StudyTracker(uri, study)
-        runs = client.search_runs([exp_id], f"tags.`{TAG}kind` = 'study'", max_results=1)
+        runs = client.search_runs([exp_id], tag.where(tag.KIND, tag.STUDY), max_results=1)
         trials, confirmations = prepare(tracker.trial_table()), prepare(tracker.confirmation_table())
         baselines = prepare(tracker.baseline_table())
     except TrackingError as error:
@@ -91,4 +92,4 @@ def _setting(study_run: Run | None, key: str) -> str | None:
     """A study setting: the study run's `cramnas.<key>` tag, else its param."""
     if study_run is None:
         return None
-    return study_run.data.tags.get(TAG + key) or study_run.data.params.get(key)
+    return study_run.data.tags.get(tag.named(key)) or study_run.data.params.get(key)
