@@ -14,6 +14,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Run
 
 from dashboards.analysis import Score, choose_score, prepare
+from search import attrs
 from search import tags as tag
 from search.retry import TrackingError
 from search.stores import existing_store
@@ -70,7 +71,7 @@ class StudyData:
 
     @property
     def controller(self) -> str:
-        return self.setting("controller") or "unknown"
+        return self.setting(attrs.CONTROLLER) or "unknown"
 
 
 def load_study(study: str, uri: str | None = None) -> StudyData:
@@ -84,7 +85,7 @@ def load_study(study: str, uri: str | None = None) -> StudyData:
     except TrackingError as error:
         raise UsageError(f"--tracking-uri: {error}") from None
     study_run = runs[0] if runs else None
-    score = choose_score(_setting(study_run, "objective"), trials)
+    score = choose_score(_setting(study_run, attrs.OBJECTIVE), trials)
     return StudyData(study, uri, exp_id, study_run, trials, confirmations, score, baselines)
 
 

@@ -7,7 +7,7 @@ with `from_tune`, which is the one place that knows which keys are Ray's bookkee
 flattens nested results (`result/cram/seconds`).
 
 The flat dict is the record's format, not only the wire's: its metric keys become the MLflow
-metric names and the Optuna user attribute `metrics` (`search.keys.METRICS`), which a repeat of the
+metric names and the Optuna user attribute `metrics` (`search.attrs.METRICS`), which a repeat of the
 architecture reports again (`TrialSpec.recorded`), so its keys never change.
 
 Kept free of torch and Ray, like `search.spec`.

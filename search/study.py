@@ -152,8 +152,8 @@ def run_study(plan: StudyPlan) -> int:
         study.set_user_attr(attrs.BUDGET, plan.budget.text)
     tracker = StudyTracker(plan.tracking_uri, plan.study, retry=Retry(timeout_s=DRIVER_RETRY_S))
     parent_run = tracker.start_study({
-        "controller": plan.controller, "objective": plan.objective.name, "space": str(plan.space_path),
-        "budget": plan.budget.text, "trials": plan.trials, "code_version": _code_version(),
+        attrs.CONTROLLER: plan.controller, attrs.OBJECTIVE: plan.objective.name, attrs.SPACE: str(plan.space_path),
+        attrs.BUDGET: plan.budget.text, "trials": plan.trials, "code_version": _code_version(),
         "train": train, **probe_settings(plan),
         # Where the data came from, so that the next commands can say it again (search.next_steps).
         **data_settings(plan.template.data_dir, plan.template.corpus, plan.template.cache_dir),
@@ -196,7 +196,7 @@ def run_study(plan: StudyPlan) -> int:
         if plan.address:  # other nodes may lack the driver's cache: each fetches the data once (ShippedData)
             shipped = ShippedData(ray.put(entry_files(plan.template.data_fingerprint, plan.template.cache_dir)))
         searcher = CramnasSearcher(study, plan.space, plan.objective, tracker, plan.template,
-                                   {"controller": plan.controller}, on_outcome=view.record)
+                                   {attrs.CONTROLLER: plan.controller}, on_outcome=view.record)
         scheduler = FIFOScheduler()
         early_stop, off = early_stop_for_session(plan.early_stop, remaining)
         if off:

@@ -336,7 +336,7 @@ class StudyTracker:
         `search.report.trial_metrics` builds them from the trial's results. They are logged at step =
         `tokens` (the trial's last step) so that `tokens_per_s` ends where its progress series ends.
         `loss_curve` points already logged by `log_progress` are not logged twice. `reason` is the
-        `cramnas.failure_reason`; `tags` (short keys) any other tag, e.g. `checkpoint`. `artifacts`
+        `cramnas.failure_reason`; `tags` any other tag (`search.tags`, or a short key: `search.tags.as_tags`). `artifacts`
         maps a file name to text or a dict, written as YAML or JSON by its extension: by convention
         `arch.yaml` (the arch dict) and `result.json`. `timestamp_ms`: see `log_progress`; every
         step here may be repeated without duplicating anything.
