@@ -2,9 +2,10 @@
 
 Ray asks `suggest` for a trial; the controller (an Optuna study, `search.controllers`) proposes an
 architecture and MLflow gets its run. Every report of the worker comes back through
-`on_trial_result` and is logged to MLflow in one call; `on_trial_complete` tells the study how
-the trial ended (complete, pruned by ASHA, failed) and closes the MLflow run, after logging a
-complete trial's checkpoint as a Hugging Face export (`search.run --save-checkpoints`). Both records are
+`on_trial_result`, read as the typed report it was sent as (`search.report.from_tune`), and is
+logged to MLflow in one call; `on_trial_complete` tells the study how the trial ended (complete,
+pruned by ASHA, failed) and closes the MLflow run, after logging a complete trial's checkpoint as a
+Hugging Face export (`search.run --save-checkpoints`). Both records are
 written here, in the driver, one right after the other; `search.run` reconciles the two on resume
 if the driver died between them. MLflow writes go through `PendingWrites`: while the tracking
 server is down they are held, in order, and trials run on; `drain` writes what is left at the end.
