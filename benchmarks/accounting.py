@@ -183,7 +183,8 @@ def main() -> None:
     parser.add_argument("--ladder", help="baselines to cram at the multiples (default: crammed-bert-cpu and the best other)")
     parser.add_argument("--multiples", default=",".join(map(str, LADDER)), help="of the 1x budget, from 1, with 4 among them")
     parser.add_argument("--budget", help="the 1x budget (default: the study's trial budget)")
-    parser.add_argument("--stages", default="core,ladder,ablation")
+    parser.add_argument("--stages", default="core,ladder,ablation,grid",
+                        help="ablation: each choice reverted alone; grid: the 2x2 of size and design")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default="accounting")
     parser.add_argument("--cache-dir")
@@ -220,8 +221,8 @@ def main() -> None:
                   + [("winner", *configs["winner"], m, 0) for m in (4, multiples[-1])])
         search = study_compute(args.storage, args.study) if args.study and args.storage else None
         lines += ladder_tables(crams, ladder, budget, search, multiples)
-    if "ablation" in stages:
-        lines += ablation_tables(crams, configs, best)
+    if stages & {"ablation", "grid"}:
+        lines += ablation_tables(crams, configs, best, one_factor="ablation" in stages, grid="grid" in stages)
     text = "\n".join(lines) + "\n"
     (out / "accounting.md").write_text(text)
     print("\n" + text)
@@ -297,24 +298,24 @@ def ladder_tables(crams: Crams, ladder: list[str], budget: Budget, search: dict 
     return lines + [""]
 
 
-def ablation_tables(crams: Crams, configs: dict, best: str) -> list[str]:
+def ablation_tables(crams: Crams, configs: dict, best: str, one_factor: bool = True, grid: bool = True) -> list[str]:
     winner_arch, train = configs["winner"]
     base_arch = configs[best][0]
     differing = [f for f in winner_arch if winner_arch[f] != base_arch[f] and f not in ("vocab_size", "max_seq_len")]
     variants = {}
-    for field in differing:
+    for field in differing if one_factor else ():
         try:
             variants[f"winner, {field} as {best}"] = ArchConfig.from_dict({**winner_arch, field: base_arch[field]}).to_dict()
         except ArchError:  # an impossible single change (heads that do not divide hidden): the 2x2 covers it
             continue
     sized = lambda design, size: {**design, **{f: size[f] for f in SIZE_FIELDS}}
     grid_archs = {("winner", "baseline"): sized(winner_arch, base_arch), ("baseline", "winner"): sized(base_arch, winner_arch)}
-    grid_archs = {key: arch for key, arch in grid_archs.items() if _valid(arch)}
+    grid_archs = {key: arch for key, arch in grid_archs.items() if grid and _valid(arch)}
     crams.run([(name, arch, train, 1, seed) for name, arch in variants.items() for seed in SEEDS]
               + [(f"{d} design, {s} size", arch, train, 1, seed) for (d, s), arch in grid_archs.items() for seed in SEEDS])
     winner = crams.losses("winner", 1)
     lines = [f"## Ablation against {best} (each choice of the winner reverted alone; reverted - winner, paired by seed)", "",
-             "| variant | validation loss | reverted - winner |", "|---|---|---|"]
+             "| variant | validation loss | reverted - winner |", "|---|---|---|"] if variants else []
     for name in variants:
         lines.append(f"| {name} | {interval_text(crams.losses(name, 1))} | {paired(winner, crams.losses(name, 1))} |")
     if len(grid_archs) == 2:

@@ -22,14 +22,15 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from search import tags as tag
 from search.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, Objective
-from search.states import COMPLETE, FAILED, PRUNED, REPEAT, STATE_TAG, STATES, state_of_status
+from search.states import COMPLETE, FAILED, PRUNED, REPEAT, STATES, state_of_status
 from search.stats import mean_interval
 from trainer.regimes import PLATEAU_MARGIN, regime_of
 
-STATE_COLUMN = f"tags.{STATE_TAG}"
+STATE_COLUMN = tag.column(tag.STATE)
 LOSS = "metrics.validation_loss"  # what the search logs (trainer.cram's CramResult name)
-PROBE = "metrics.probe_average"  # the GLUE probe score (search.trial.trial_metrics); NaN for a study without the probe
+PROBE = "metrics.probe_average"  # the GLUE probe score (search.report.trial_metrics); NaN for a study without the probe
 # How far below the unigram floor the loss ended (trainer/unigram.py): what a trial learned beyond
 # token frequencies. NaN for runs logged before the floor was.
 BELOW_FLOOR = "metrics.nats_below_unigram"
@@ -229,8 +230,8 @@ def ablation(frame: pd.DataFrame, score: Score, max_choices: int = MAX_CHOICES) 
 
 # ---- lineage ------------------------------------------------------------------------------------
 
-def _int_tag(frame: pd.DataFrame, tag: str) -> pd.Series:
-    column = f"tags.cramnas.{tag}"
+def _int_tag(frame: pd.DataFrame, name: str) -> pd.Series:
+    column = tag.column(name)
     if column not in frame:
         return pd.Series(pd.NA, index=frame.index, dtype="Int64")
     return pd.to_numeric(frame[column], errors="coerce").astype("Int64")
@@ -239,12 +240,12 @@ def _int_tag(frame: pd.DataFrame, tag: str) -> pd.Series:
 def lineage_edges(frame: pd.DataFrame) -> pd.DataFrame:
     """Parent -> child edges of an evolution study: `parent`, `child` (trial numbers), `mutation`,
     `parent_run_id`, `child_run_id`, in child order."""
-    parents = _int_tag(frame, "parent_trial")
+    parents = _int_tag(frame, tag.PARENT_TRIAL)
     rows = frame[parents.notna()]
     absent = pd.Series(None, index=rows.index, dtype=object)
     edges = pd.DataFrame({"parent": parents[parents.notna()].astype(int), "child": rows["trial"].astype(int),
-                          "mutation": rows.get("tags.cramnas.mutation", absent),
-                          "parent_run_id": rows.get("tags.cramnas.parent_run_id", absent), "child_run_id": rows["run_id"]})
+                          "mutation": rows.get(tag.column(tag.MUTATION), absent),
+                          "parent_run_id": rows.get(tag.column(tag.PARENT_RUN_ID), absent), "child_run_id": rows["run_id"]})
     return edges.sort_values("child", ignore_index=True)
 
 
@@ -252,8 +253,8 @@ def tree_layout(frame: pd.DataFrame) -> pd.DataFrame:
     """Node positions for a lineage tree: `trial`, `x` = generation, `y` = slot within the
     generation. Generation 0 is in trial order; later generations are ordered by their parent's
     slot, so children sit near their parents and few edges cross."""
-    generation = _int_tag(frame, "generation")
-    parent = _int_tag(frame, "parent_trial")
+    generation = _int_tag(frame, tag.GENERATION)
+    parent = _int_tag(frame, tag.PARENT_TRIAL)
     nodes = pd.DataFrame({"trial": frame["trial"].astype(int).to_numpy(),
                           "generation": generation.to_numpy(), "parent": parent.to_numpy()})
     nodes = nodes.sort_values("trial", ignore_index=True)
@@ -297,7 +298,7 @@ def compute_accounting(frame: pd.DataFrame) -> pd.DataFrame:
 def failures(frame: pd.DataFrame) -> pd.DataFrame:
     """Failed and pruned trials with their reasons, in trial order."""
     rows = frame[frame["state"].isin([FAILED, PRUNED])].sort_values("trial")
-    reason = rows.get("tags.cramnas.failure_reason", pd.Series(np.nan, index=rows.index, dtype=object))
+    reason = rows.get(tag.column(tag.FAILURE_REASON), pd.Series(np.nan, index=rows.index, dtype=object))
     return pd.DataFrame({"trial": rows["trial"], "state": rows["state"], "reason": reason,
                          "run_id": rows["run_id"]}).reset_index(drop=True)
 
@@ -338,7 +339,7 @@ def original_trials(runs: pd.DataFrame, trials: pd.DataFrame) -> pd.Series:
     (`cramnas.confirmation_of`, which survives renumbering) and by number (`cramnas.original_trial`,
     the reader's `trial` column)."""
     by_run = dict(zip(trials["run_id"], trials["trial"], strict=True))
-    of_run = runs.get("tags.cramnas.confirmation_of", pd.Series(np.nan, index=runs.index, dtype=object)).map(by_run)
+    of_run = runs.get(tag.column(tag.CONFIRMATION_OF), pd.Series(np.nan, index=runs.index, dtype=object)).map(by_run)
     return of_run.fillna(pd.to_numeric(runs["trial"], errors="coerce"))
 
 
@@ -405,7 +406,7 @@ def hand_design(confirmations: pd.DataFrame, baselines: pd.DataFrame, trials: pd
     if "params.budget" not in runs:
         runs["params.budget"] = None
     runs = runs[(runs["params.budget"] == budget) & runs["configuration"].notna()].copy()
-    runs["seed"] = pd.to_numeric(runs.get("tags.cramnas.seed", pd.Series(np.nan, index=runs.index)), errors="coerce")
+    runs["seed"] = pd.to_numeric(runs.get(tag.column(tag.SEED), pd.Series(np.nan, index=runs.index)), errors="coerce")
     table = configuration_table(runs, score)
     searched = table[(table["kind"] == "search") & np.isfinite(table["score_mean"].astype(float))]
     best = searched["configuration"].iloc[0] if len(searched) else None  # the table is sorted best first

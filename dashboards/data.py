@@ -14,9 +14,11 @@ from mlflow import MlflowClient
 from mlflow.entities import Run
 
 from dashboards.analysis import Score, choose_score, prepare
+from search import attrs
+from search import tags as tag
 from search.retry import TrackingError
 from search.stores import existing_store
-from search.tracking import TAG, StudyTracker
+from search.tracking import StudyTracker
 from space.errors import UsageError
 
 
@@ -69,7 +71,7 @@ class StudyData:
 
     @property
     def controller(self) -> str:
-        return self.setting("controller") or "unknown"
+        return self.setting(attrs.CONTROLLER) or "unknown"
 
 
 def load_study(study: str, uri: str | None = None) -> StudyData:
@@ -77,13 +79,13 @@ def load_study(study: str, uri: str | None = None) -> StudyData:
     try:
         exp_id = experiment_id(client, uri, study)
         tracker = StudyTracker(uri, study)
-        runs = client.search_runs([exp_id], f"tags.`{TAG}kind` = 'study'", max_results=1)
+        runs = client.search_runs([exp_id], tag.where(tag.KIND, tag.STUDY), max_results=1)
         trials, confirmations = prepare(tracker.trial_table()), prepare(tracker.confirmation_table())
         baselines = prepare(tracker.baseline_table())
     except TrackingError as error:
         raise UsageError(f"--tracking-uri: {error}") from None
     study_run = runs[0] if runs else None
-    score = choose_score(_setting(study_run, "objective"), trials)
+    score = choose_score(_setting(study_run, attrs.OBJECTIVE), trials)
     return StudyData(study, uri, exp_id, study_run, trials, confirmations, score, baselines)
 
 
@@ -91,4 +93,4 @@ def _setting(study_run: Run | None, key: str) -> str | None:
     """A study setting: the study run's `cramnas.<key>` tag, else its param."""
     if study_run is None:
         return None
-    return study_run.data.tags.get(TAG + key) or study_run.data.params.get(key)
+    return study_run.data.tags.get(tag.named(key)) or study_run.data.params.get(key)

@@ -24,6 +24,7 @@ from optuna.distributions import (
 from optuna.trial import TrialState
 
 from dashboards.analysis import Score, scored
+from search import attrs
 from search.params import param_value
 from search.stores import sqlite_path
 
@@ -58,7 +59,7 @@ def _optuna_trials(study_name: str, storage: str) -> list[optuna.trial.FrozenTri
     except Exception:  # noqa: BLE001 - an unreadable store: fall back to MLflow, as for a missing one
         return None
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if "repeat_of" not in t.user_attrs and "infeasible" not in t.user_attrs]
+            if attrs.REPEAT_OF not in t.user_attrs and attrs.INFEASIBLE not in t.user_attrs]
 
 
 def _distribution(values: list) -> BaseDistribution:

@@ -29,6 +29,7 @@ from dashboards.data import StudyData, load_study
 from dashboards.importance import MIN_TRIALS, param_importance
 from dashboards.page import CSS, esc, figure_html, human, interval, link, num, plural, table
 from dashboards.ui import DEFAULT_PORT, LOOPBACK, run_url, runs_url
+from search import attrs
 from search.next_steps import BASELINES, StudyFlags, report_path
 from search.params import params_under
 from search.retry import first_line
@@ -278,7 +279,7 @@ class Report:
             parts.append(f"<p><b>Trial {first['trial']}</b> leads trial {second['trial']} by "
                          f"{num(abs(first['mean'] - second['mean']), 3)}; the lead {verdict}.</p>")
         budgets = set(runs.get("params.budget", pd.Series(dtype=object)).dropna())
-        search_budget = self.data.setting("budget")
+        search_budget = self.data.setting(attrs.BUDGET)
         if budgets and budgets != {search_budget}:
             corr = analysis.rank_correlation(ranking)
             parts.append(
@@ -371,8 +372,8 @@ def render(data: StudyData, ui_url: str = f"http://{LOOPBACK}:{DEFAULT_PORT}", t
     """The report as one HTML document (plotly.js inline)."""
     report = Report(data, ui_url, top, storage)
     counts = data.trials["state"].value_counts()
-    facts = {"controller": data.controller, "objective": data.setting("objective") or "unknown",
-             "budget per trial": data.setting("budget") or "unknown",
+    facts = {"controller": data.controller, "objective": data.setting(attrs.OBJECTIVE) or "unknown",
+             "budget per trial": data.setting(attrs.BUDGET) or "unknown",
              # The references every loss is read against (trainer/references.py); older studies lack them.
              **{label: f"{float(value):.3f} nats" if (value := data.setting(key)) else "n/a"
                 for label, key in (("corruption floor", "corruption_floor"), ("two-neighbour count model",

@@ -24,9 +24,10 @@ from pathlib import Path
 import datasets
 import numpy as np
 import torch
-from tokenizers import Tokenizer, processors
+from tokenizers import Tokenizer
 
 from glue.tasks import TASKS, GlueError, Task, get_task
+from trainer.tokenizer import pair_template
 
 HUB_DATASET = "nyu-mll/glue"
 
@@ -136,9 +137,7 @@ def prepare_tokenizer(tokenizer: str | os.PathLike | Tokenizer, vocab_size: int,
     if cls is None or sep is None:
         raise GlueError("tokenizer lacks [CLS] or [SEP]; GLUE inputs are [CLS] A [SEP] B [SEP]")
     # Set here rather than trusted from the file, so any tokenizer with [CLS]/[SEP] encodes alike.
-    copy.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
-    )
+    copy.post_processor = pair_template(copy)
     copy.enable_truncation(max_length)  # counts the special tokens; trims the longer text of a pair first
     copy.no_padding()
     return copy

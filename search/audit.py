@@ -20,6 +20,8 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
+from search import attrs
+from search import tags as tag
 from space.errors import CramnasError
 from trainer.console import CliParser, one_line_on_ctrl_c
 
@@ -55,7 +57,7 @@ def audit_study(study_name: str, tracking_uri: str | None = None, storage: str |
     study = optuna.load_study(study_name=study_name, storage=study_storage(tracking_uri, storage))
     counts = study_counts(study)
     counted = {t.number: state_of_trial(t) for t in study.get_trials(deepcopy=False)
-               if "infeasible" not in t.user_attrs}
+               if attrs.INFEASIBLE not in t.user_attrs}
     frame = StudyTracker(tracking_uri, study_name).trial_table()
     runs = frame.to_dict("records")
     audit = Audit(study_name, counts, dict(Counter(r["status"] for r in runs)))
@@ -83,9 +85,9 @@ def audit_study(study_name: str, tracking_uri: str | None = None, storage: str |
             problems.append(f"trial {number}: MLflow run {run['run_id']} still RUNNING")
         elif state != RUNNING and run["status"] not in run_statuses(state):
             problems.append(f"trial {number}: Optuna says {state}, MLflow run {run['run_id']} is {run['status']}")
-        reason = run.get("tags.cramnas.failure_reason")
+        reason = run.get(tag.column(tag.FAILURE_REASON))
         if state == FAILED and not (isinstance(reason, str) and reason):
-            problems.append(f"trial {number}: failed without a cramnas.failure_reason")
+            problems.append(f"trial {number}: failed without a {tag.FAILURE_REASON}")
     for number in sorted(set(by_trial) - set(counted)):
         problems.append(f"MLflow trial run(s) for trial {number}, which the Optuna study does not count")
     return audit

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from search import tags as tag
 from search.next_steps import StudyFlags, data_settings, next_steps
 from search.objectives import DEFAULT_OBJECTIVE, Objective, objective_named
 from search.states import COMPLETE, FAILED
@@ -148,7 +149,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def study_objective(study_run: Run) -> Objective:
     """The objective the study ran with (its study run's `cramnas.objective` tag)."""
-    return objective_named(study_run.data.tags.get("cramnas.objective", DEFAULT_OBJECTIVE), "--study")
+    return objective_named(study_run.data.tags.get(tag.OBJECTIVE, DEFAULT_OBJECTIVE), "--study")
 
 
 def study_probe(study_run: Run, data_dir: str | None) -> Probe | None:
@@ -180,7 +181,7 @@ def pick_candidates(tracker: StudyTracker, objective: Objective, top: int) -> li
         if not arch:
             raise UsageError(f"--study: trial {row['trial']} (run {row['run_id']}) recorded no architecture "
                              "(no arch.yaml, no arch.* params); lower --top to leave it out")
-        fingerprint = row.get("tags.cramnas.fingerprint")
+        fingerprint = row.get(tag.column(tag.FINGERPRINT))
         candidates.append(Candidate(
             rank, int(row["trial"]), row["run_id"], float(row[f"metrics.{objective.rank_metric}"]), arch,
             params_under(row, "train") or study_train, fingerprint if isinstance(fingerprint, str) else None,
@@ -275,7 +276,7 @@ def confirm_one(plan: ConfirmPlan, candidate: Candidate, index: int, seed: int) 
         print(f"{label}: complete before (run {done.info.run_id}), skipped")
         return SeedOutcome(candidate, seed, done.info.run_id, COMPLETE, done.data.metrics.get(metric), earlier=True)
     if done is not None and done.info.status == "FAILED" and not plan.retry_failed:
-        reason = done.data.tags.get("cramnas.failure_reason")
+        reason = done.data.tags.get(tag.FAILURE_REASON)
         print(f"{label}: failed before (run {done.info.run_id}: {reason}), kept; --retry-failed re-runs it")
         return SeedOutcome(candidate, seed, done.info.run_id, FAILED, None, reason, earlier=True)
     train = {**candidate.train, "seed": seed}
@@ -285,7 +286,8 @@ def confirm_one(plan: ConfirmPlan, candidate: Candidate, index: int, seed: int) 
     started = time.perf_counter()
     try:
         # Imports torch and Ray (seconds): only once a run is due, so bad input fails fast.
-        from search.trial import cram_and_probe, trial_metrics
+        from search.report import trial_metrics
+        from search.trial import cram_and_probe
         from space.arch import ArchConfig
         from trainer.config import TrainConfig
 

@@ -36,6 +36,7 @@ from optuna.storages import BaseStorage
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from search import attrs
 from search.objectives import OBJECTIVES
 from search.states import COMPLETE, FAILED, FINISHED_STATES, REPEAT, STATES, state_of_trial
 from space import ArchConfig, OptunaDraws, SearchSpace, mutate
@@ -106,16 +107,16 @@ class RegularizedEvolutionSampler(BaseSampler):
         population = self.population(study)
         if len(population) < self.population_size:
             child = self.space.sample_random(rng)
-            attrs: dict[str, Any] = {"generation": 0}
+            lineage: dict[str, Any] = {attrs.GENERATION: 0}
         else:
             # With replacement, as in the paper's pseudocode.
             tournament = [rng.choice(population) for _ in range(self.sample_size)]
             pick = max if study.direction == StudyDirection.MAXIMIZE else min
             parent = pick(tournament, key=lambda t: t.value)
-            child, mutation = mutate(self.space, ArchConfig.from_dict(parent.user_attrs["arch"]), rng)
-            attrs = {"parent_trial": parent.number, "mutation": mutation,
-                     "generation": parent.user_attrs["generation"] + 1}
-        for key, value in attrs.items():
+            child, mutation = mutate(self.space, ArchConfig.from_dict(parent.user_attrs[attrs.ARCH]), rng)
+            lineage = {attrs.PARENT_TRIAL: parent.number, attrs.MUTATION: mutation,
+                       attrs.GENERATION: parent.user_attrs[attrs.GENERATION] + 1}
+        for key, value in lineage.items():
             # A sampler sees a FrozenTrial; Optuna's own samplers write through the storage too.
             study._storage.set_trial_user_attr(trial._trial_id, key, value)
         self._children[trial.number] = child
@@ -209,7 +210,7 @@ def open_study(name: str, storage: str | BaseStorage | None, controller: str, ob
                space: SearchSpace, seed: int | None = None, resume: bool = False) -> optuna.Study:
     """Create study `name` in `storage`, or with `resume` reopen it with the same settings."""
     sampler = make_sampler(controller, objective, space, seed)
-    settings = {"controller": controller, "objective": objective, "space": space.name, "seed": seed}
+    settings = {attrs.CONTROLLER: controller, attrs.OBJECTIVE: objective, attrs.SPACE: space.name, attrs.SEED: seed}
     where = storage if isinstance(storage, str) else "this storage"
     exists = storage is not None and name in optuna.study.get_all_study_names(storage)
     if not resume:
@@ -247,10 +248,6 @@ class Proposal:
     rerun_of: int | None = None
 
 
-# Evolution's lineage of a trial (`RegularizedEvolutionSampler.before_trial`): a re-run keeps its original's.
-LINEAGE = ("generation", "parent_trial", "mutation")
-
-
 def ask(study: optuna.Study, space: SearchSpace) -> Proposal:
     """Ask the study's sampler for a member of `space`; infeasible draws are told PRUNED (user
     attribute `infeasible`) and redrawn. The trial stores `arch` and `fingerprint`. A re-run queued
@@ -258,25 +255,25 @@ def ask(study: optuna.Study, space: SearchSpace) -> Proposal:
     config, draw = space.sample(OptunaDraws(study))
     trial = draw.trial
     fingerprint = config.fingerprint()
-    trial.set_user_attr("arch", config.to_dict())
-    trial.set_user_attr("fingerprint", fingerprint)
-    rerun_of = trial.user_attrs.get("rerun_of")
+    trial.set_user_attr(attrs.ARCH, config.to_dict())
+    trial.set_user_attr(attrs.FINGERPRINT, fingerprint)
+    rerun_of = trial.user_attrs.get(attrs.RERUN_OF)
     if rerun_of is not None:
         # The sampler's before_trial ran for it too (evolution bred a child it never hands out,
         # since the parameters are fixed): the architecture is the original's, so is its lineage.
         cut, drawn = _trial(study, rerun_of).user_attrs, trial.user_attrs
-        for key in LINEAGE:
+        for key in attrs.LINEAGE:
             if key in cut or key in drawn:
                 trial.set_user_attr(key, cut.get(key))
     original = next((t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                     if t.user_attrs.get("fingerprint") == fingerprint and "repeat_of" not in t.user_attrs),
+                     if t.user_attrs.get(attrs.FINGERPRINT) == fingerprint and attrs.REPEAT_OF not in t.user_attrs),
                     None)
     if original is not None:
-        trial.set_user_attr("repeat_of", original)
+        trial.set_user_attr(attrs.REPEAT_OF, original)
     # Re-read: samplers (evolution) write their attributes through the storage in before_trial.
-    attrs = _trial(study, trial.number).user_attrs
-    return Proposal(trial.number, config, fingerprint, attrs.get("parent_trial"), attrs.get("mutation"),
-                    attrs.get("generation"), original, rerun_of)
+    stored = _trial(study, trial.number).user_attrs
+    return Proposal(trial.number, config, fingerprint, stored.get(attrs.PARENT_TRIAL), stored.get(attrs.MUTATION),
+                    stored.get(attrs.GENERATION), original, rerun_of)
 
 
 def tell(study: optuna.Study, trial_number: int, values: Sequence[float] | None = None,
@@ -294,16 +291,17 @@ def tell(study: optuna.Study, trial_number: int, values: Sequence[float] | None 
     if trial.state.is_finished():
         return trial
     if reason is not None:
-        study._storage.set_trial_user_attr(trial._trial_id, "failure_reason", reason)
+        study._storage.set_trial_user_attr(trial._trial_id, attrs.FAILURE_REASON, reason)
     if metrics:  # what export, the terminal view and a repeat of this architecture read back
-        study._storage.set_trial_user_attr(trial._trial_id, "metrics", dict(metrics))
+        study._storage.set_trial_user_attr(trial._trial_id, attrs.METRICS, dict(metrics))
     if intermediate:
         curve = [[int(step), float(value)] for step, value in intermediate]  # as JSON stores it
-        study._storage.set_trial_user_attr(trial._trial_id, "intermediate", curve)
+        study._storage.set_trial_user_attr(trial._trial_id, attrs.INTERMEDIATE, curve)
         # Optuna gives a pruned trial its last intermediate value as its value, and TPE ranks
-        # pruned trials by it: only the `mlm` objective's values may go there. (Direct to storage,
-        # since a new optuna.Trial handle would rerun the sampler's before_trial.)
-        if study.user_attrs.get("objective") == "mlm":
+        # pruned trials by it: only an objective whose value is an MLM loss may go there. (Direct to
+        # storage, since a new optuna.Trial handle would rerun the sampler's before_trial.)
+        objective = OBJECTIVES.get(study.user_attrs.get(attrs.OBJECTIVE))
+        if objective is not None and objective.mlm_loss:
             for step, value in curve:
                 study._storage.set_trial_intermediate_value(trial._trial_id, step, value)
     told = None if values is None else list(values)
@@ -318,7 +316,7 @@ def study_counts(study: optuna.Study) -> dict[str, int]:
     counts = dict.fromkeys((*(name for name in STATES if name != REPEAT), "infeasible", "cut_short"), 0)
     for trial in study.get_trials(deepcopy=False, states=tuple({row.trial_state for row in STATES.values()})):
         state = state_of_trial(trial)
-        infeasible = trial.state == TrialState.PRUNED and "infeasible" in trial.user_attrs
+        infeasible = trial.state == TrialState.PRUNED and attrs.INFEASIBLE in trial.user_attrs
         counts["infeasible" if infeasible else "cut_short" if is_cut_short(trial)
                else COMPLETE if state == REPEAT else state] += 1
     return counts
@@ -330,7 +328,7 @@ DRIVER_DIED = "driver died"
 
 def is_cut_short(trial: FrozenTrial) -> bool:
     """A trial failed because the driver died while it ran (`fail_stale_running`)."""
-    return trial.state == TrialState.FAIL and trial.user_attrs.get("failure_reason") == DRIVER_DIED
+    return trial.state == TrialState.FAIL and trial.user_attrs.get(attrs.FAILURE_REASON) == DRIVER_DIED
 
 
 def fail_stale_running(study: optuna.Study) -> list[int]:
@@ -354,10 +352,10 @@ def rerun_cut_short(study: optuna.Study, limit: int) -> list[int]:
     driver died inside `ask`) had nothing in flight and is not re-run; nor is one that failed by
     its own fault (its reason is not `DRIVER_DIED`)."""
     trials = study.get_trials(deepcopy=False)
-    rerun = {t.user_attrs["rerun_of"] for t in trials if t.user_attrs.get("rerun_of") is not None}
-    owed = [t for t in trials if is_cut_short(t) and "arch" in t.user_attrs and t.number not in rerun]
+    rerun = {t.user_attrs[attrs.RERUN_OF] for t in trials if t.user_attrs.get(attrs.RERUN_OF) is not None}
+    owed = [t for t in trials if is_cut_short(t) and attrs.ARCH in t.user_attrs and t.number not in rerun]
     for trial in owed[:max(limit, 0)]:
-        study.enqueue_trial(dict(trial.params), user_attrs={"rerun_of": trial.number})
+        study.enqueue_trial(dict(trial.params), user_attrs={attrs.RERUN_OF: trial.number})
     return [trial.number for trial in owed[:max(limit, 0)]]
 
 

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from search import attrs
+from search import tags as tag
 from search.next_steps import StudyFlags
 from search.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, Objective, objective_named
 from search.states import COMPLETE
@@ -42,8 +44,8 @@ def ranked_trials(study: optuna.Study, objective: Objective) -> list[FrozenTrial
     the earlier trial first). Repeats copy an earlier trial's result, so they do not compete."""
     key = objective.rank_metric
     trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-              if "repeat_of" not in t.user_attrs and key in t.user_attrs.get("metrics", {})]
-    return sorted(trials, key=lambda t: objective.sort_key(t.user_attrs["metrics"][key]))
+              if attrs.REPEAT_OF not in t.user_attrs and key in t.user_attrs.get(attrs.METRICS, {})]
+    return sorted(trials, key=lambda t: objective.sort_key(t.user_attrs[attrs.METRICS][key]))
 
 
 def best_trial(study: optuna.Study, objective: Objective) -> FrozenTrial:
@@ -92,7 +94,7 @@ def confirmed_best(tracker: StudyTracker, objective: Objective) -> Confirmed | N
                 & runs[score.column].astype(float).map(math.isfinite)]
     record: dict[str, Any] = {
         "budget": budget, "rank_by": objective.rank_metric,
-        "seeds": sorted(int(seed) for seed in mine["tags.cramnas.seed"]), "mean": float(best["mean"]),
+        "seeds": sorted(int(seed) for seed in mine[tag.column(tag.SEED)]), "mean": float(best["mean"]),
         "ci95": [float(best["low"]), float(best["high"])] if int(best["n"]) >= 2 else None,
         "failed_seeds": int(best["failed"]),
     }
@@ -136,7 +138,7 @@ def export(study_name: str, rank_by: str | None = None, out: str | Path | None =
 
     storage = existing_study(study_name, tracking_uri, storage, "pass the --tracking-uri or --storage the search used")
     study = optuna.load_study(study_name=study_name, storage=storage)
-    objective = objective_named(rank_by or study.user_attrs.get("objective", DEFAULT_OBJECTIVE), "--rank-by")
+    objective = objective_named(rank_by or study.user_attrs.get(attrs.OBJECTIVE, DEFAULT_OBJECTIVE), "--rank-by")
     search_best = best_trial(study, objective)
     key = objective.rank_metric
     path = Path(out) if out else PROJECT / "trainer" / "configs" / f"{study_name}-best.yaml"
@@ -153,8 +155,8 @@ def export(study_name: str, rank_by: str | None = None, out: str | Path | None =
         raise ExportError(f"--tracking-uri: {error}; pass the --tracking-uri the search used") from None
     provenance = {
         "study": study_name, "trial": trial.number, "mlflow_run_id": run.info.run_id if run else None,
-        "rank_by": key, "score": trial.user_attrs.get("metrics", {}).get(key), "budget": study.user_attrs.get("budget"),
-        "controller": study.user_attrs.get("controller"), "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "rank_by": key, "score": trial.user_attrs.get(attrs.METRICS, {}).get(key), "budget": study.user_attrs.get(attrs.BUDGET),
+        "controller": study.user_attrs.get(attrs.CONTROLLER), "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if confirmed:
         provenance["confirmed"] = {**confirmed.record, "search_best_trial": search_best.number}
@@ -163,8 +165,8 @@ def export(study_name: str, rank_by: str | None = None, out: str | Path | None =
 
         version = register_winner(tracker, trial.number, register)
         provenance["registered_model"] = f"models:/{version.name}/{version.version}"
-    config = RunConfig(f"{study_name}-best", ArchConfig.from_dict(trial.user_attrs["arch"]),
-                       TrainConfig.from_dict(study.user_attrs["train"]), provenance)
+    config = RunConfig(f"{study_name}-best", ArchConfig.from_dict(trial.user_attrs[attrs.ARCH]),
+                       TrainConfig.from_dict(study.user_attrs[attrs.TRAIN]), provenance)
     path.parent.mkdir(parents=True, exist_ok=True)
     config.save(path)
     return Exported(path, trial.number, confirmed, search_best.number,

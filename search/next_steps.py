@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from search import tags as tag
+
 if TYPE_CHECKING:
     from mlflow.entities import Run
 
@@ -55,7 +57,7 @@ class StudyFlags:
                storage: str | None = None) -> StudyFlags:
         """The flags of a study whose study run recorded its data settings (none when it did not)."""
         tags = study_run.data.tags if study_run is not None else {}
-        recorded = {key: tags[f"cramnas.{key}"] for key in DATA_SETTINGS if tags.get(f"cramnas.{key}")}
+        recorded = {key: tags[tag.named(key)] for key in DATA_SETTINGS if tags.get(tag.named(key))}
         return cls(study, tracking_uri, storage, recorded)
 
     def store_flags(self, storage: bool = True) -> list[str]:

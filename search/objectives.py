@@ -23,6 +23,10 @@ class Objective:
     metrics: tuple[str, ...]
     directions: tuple[str, ...]  # "maximize" or "minimize", Optuna's words
     label: str  # what `rank_metric` is, in words
+    needs_probe: bool = False  # a metric comes from the GLUE probe: the study cannot run with --no-probe
+    # Its only value is an MLM loss, minimised: on the scale of the train losses Optuna holds as a
+    # trial's intermediate values, so a pruned trial's last one may stand in for its value.
+    mlm_loss: bool = False
 
     @property
     def multi(self) -> bool:
@@ -52,10 +56,10 @@ class Objective:
 # Metric keys: `validation_loss` and `tokens_per_s` as trainer.cram.CramResult names them,
 # `probe_average` for glue's ProbeResult.average.
 OBJECTIVES: dict[str, Objective] = {
-    "probe": Objective("probe", ("probe_average",), ("maximize",), "probe average (GLUE)"),
-    "mlm": Objective("mlm", ("validation_loss",), ("minimize",), "validation MLM loss"),
+    "probe": Objective("probe", ("probe_average",), ("maximize",), "probe average (GLUE)", needs_probe=True),
+    "mlm": Objective("mlm", ("validation_loss",), ("minimize",), "validation MLM loss", mlm_loss=True),
     "probe+throughput": Objective("probe+throughput", ("probe_average", "tokens_per_s"),
-                                  ("maximize", "maximize"), "probe average (GLUE)"),
+                                  ("maximize", "maximize"), "probe average (GLUE)", needs_probe=True),
 }
 
 

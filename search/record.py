@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from search import tags as tag
 from search.retry import TrackingError, first_line
 from space.errors import CramnasError, UsageError
 
@@ -76,16 +77,16 @@ def _record(uri: str, checkpoint: Path) -> str:
         database = sqlite_path(uri)
         location = (database.parent / "mlruns").resolve().as_uri() if database is not None else None
         experiment_id = client.create_experiment(EXPERIMENT, artifact_location=location)
-    found = client.search_runs([experiment_id], f"tags.`cramnas.checkpoint` = '{checkpoint}'", max_results=1)
+    found = client.search_runs([experiment_id], tag.where(tag.CHECKPOINT, checkpoint), max_results=1)
     if found and found[0].info.status == "FINISHED":
         return found[0].info.run_id
     arch, train = (yaml.safe_load((checkpoint / name).read_text()) for name in ("arch.yaml", "train.yaml"))
     result = json.loads((checkpoint / "result.json").read_text())
     run_id = found[0].info.run_id if found else client.create_run(experiment_id, run_name=checkpoint.name, tags={
-        "cramnas.kind": "cram", "cramnas.checkpoint": str(checkpoint),
-        "cramnas.fingerprint": str(result.get("arch_fingerprint", "")),
-        "cramnas.data_fingerprint": str(result.get("data_fingerprint", "")),
-        **({"cramnas.regime": result["regime"]} if "regime" in result else {}),  # trainer/regimes.py
+        tag.KIND: tag.CRAM, tag.CHECKPOINT: str(checkpoint),
+        tag.FINGERPRINT: str(result.get("arch_fingerprint", "")),
+        tag.DATA_FINGERPRINT: str(result.get("data_fingerprint", "")),
+        **({tag.REGIME: result["regime"]} if "regime" in result else {}),  # trainer/regimes.py
     }).info.run_id
     # When the cram ended, not now: a second attempt logs identical points, which MLflow keeps once.
     stamp = int((checkpoint / "result.json").stat().st_mtime * 1000)

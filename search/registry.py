@@ -19,7 +19,8 @@ from pathlib import Path
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
-from search.tracking import TAG, StudyTracker
+from search import tags as tag
+from search.tracking import StudyTracker
 from space.errors import CramnasError
 from trainer.export_hf import log_to_mlflow
 
@@ -31,7 +32,7 @@ class RegisterError(CramnasError):
 def confirmation_seeds(tracker: StudyTracker, run_id: str) -> list[int]:
     """The seeds `search.confirm` re-trained trial run `run_id` with (empty before any confirmation)."""
     table = tracker.confirmation_table()
-    column, seed = f"tags.{TAG}confirmation_of", f"tags.{TAG}seed"
+    column, seed = tag.column(tag.CONFIRMATION_OF), tag.column(tag.SEED)
     if column not in table:
         return []
     return sorted({int(value) for value in table.loc[table[column] == run_id, seed].dropna()})
@@ -43,7 +44,7 @@ def register_winner(tracker: StudyTracker, trial_number: int, name: str) -> Mode
     if run is None:
         raise RegisterError(f"--register: trial {trial_number} has no MLflow run in {tracker.uri}; "
                             "pass the --tracking-uri the search used")
-    checkpoint = run.data.tags.get(TAG + "checkpoint")
+    checkpoint = run.data.tags.get(tag.CHECKPOINT)
     if not checkpoint or not (Path(checkpoint) / "model.safetensors").is_file():
         where = f" (none at {checkpoint})" if checkpoint else ""
         raise RegisterError(f"--register: trial {trial_number} has no saved checkpoint{where}; run the search with "
@@ -54,7 +55,7 @@ def register_winner(tracker: StudyTracker, trial_number: int, name: str) -> Mode
     seeds = confirmation_seeds(tracker, run_id)
     lineage = {
         "study": tracker.study_name, "trial": str(trial_number), "run_id": run_id,
-        "fingerprint": run.data.tags.get(TAG + "fingerprint", ""),
+        "fingerprint": run.data.tags.get(tag.FINGERPRINT, ""),
         "data_fingerprint": (result.get("cram") or {}).get("data_fingerprint") or "",
         "confirmation_seeds": ",".join(map(str, seeds)) or "none",
         "checkpoint": checkpoint,
@@ -66,4 +67,4 @@ def register_winner(tracker: StudyTracker, trial_number: int, name: str) -> Mode
             raise RegisterError(f"--register: MLflow at {tracker.uri} cannot register {name!r} ({error.message}); "
                                 "use a database store (sqlite:///mlflow.db) and a plain name") from None
     return tracker.client.create_model_version(name, source, run_id=run_id,
-                                               tags={TAG + key: value for key, value in lineage.items()})
+                                               tags=tag.as_tags(lineage))

@@ -234,7 +234,7 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
     profile = load_profile(profile_path)
     args.objective = args.objective or profile.get("objective", "probe")
     objective = OBJECTIVES[args.objective]
-    if args.no_probe and "probe" in args.objective:
+    if args.no_probe and objective.needs_probe:
         raise UsageError(f"--no-probe: the objective {args.objective!r} needs the probe; use --objective mlm")
 
     space_path = Path(args.space) if args.space else _beside(profile_path, profile["space"], SPACES)

@@ -2,9 +2,10 @@
 
 Ray asks `suggest` for a trial; the controller (an Optuna study, `search.controllers`) proposes an
 architecture and MLflow gets its run. Every report of the worker comes back through
-`on_trial_result` and is logged to MLflow in one call; `on_trial_complete` tells the study how
-the trial ended (complete, pruned by ASHA, failed) and closes the MLflow run, after logging a
-complete trial's checkpoint as a Hugging Face export (`search.run --save-checkpoints`). Both records are
+`on_trial_result`, read as the typed report it was sent as (`search.report.from_tune`), and is
+logged to MLflow in one call; `on_trial_complete` tells the study how the trial ended (complete,
+pruned by ASHA, failed) and closes the MLflow run, after logging a complete trial's checkpoint as a
+Hugging Face export (`search.run --save-checkpoints`). Both records are
 written here, in the driver, one right after the other; `search.run` reconciles the two on resume
 if the driver died between them. MLflow writes go through `PendingWrites`: while the tracking
 server is down they are held, in order, and trials run on; `drain` writes what is left at the end.
@@ -19,8 +20,10 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
-from search import controllers
+from search import attrs, controllers
+from search import tags as tag
 from search.objectives import Objective
+from search.report import ProgressReport, TrialReport, from_tune
 from search.retry import PendingWrites
 from search.spec import TrialSpec
 from search.states import COMPLETE, FAILED, PRUNED, REPEAT
@@ -33,7 +36,7 @@ class LiveTrial:
     run_id: str | None  # None until MLflow has taken the run (held while the server is down)
     proposal: controllers.Proposal
     curve: list[tuple[int, float]] = field(default_factory=list)  # (report index, train MLM loss)
-    last: dict[str, Any] = field(default_factory=dict)
+    last: ProgressReport | TrialReport | None = None  # None until the worker reports
 
 
 @dataclass
@@ -75,8 +78,8 @@ class CramnasSearcher(Searcher):
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         proposal = controllers.ask(self.study, self.space)
-        lineage = {"generation": proposal.generation, "parent_trial": proposal.parent_trial,
-                   "mutation": proposal.mutation, "repeat_of": proposal.repeat_of, "rerun_of": proposal.rerun_of}
+        lineage = {attrs.GENERATION: proposal.generation, attrs.PARENT_TRIAL: proposal.parent_trial,
+                   attrs.MUTATION: proposal.mutation, attrs.REPEAT_OF: proposal.repeat_of, attrs.RERUN_OF: proposal.rerun_of}
         trial = self.live[trial_id] = LiveTrial(proposal.number, None, proposal)
         tags = {**self.tags, **{k: v for k, v in lineage.items() if v is not None}}
 
@@ -88,33 +91,34 @@ class CramnasSearcher(Searcher):
         recorded = None
         if proposal.repeat_of is not None:
             original = self.study.get_trials(deepcopy=False)[proposal.repeat_of]  # not .trials: a deep copy of all
-            recorded = original.user_attrs.get("metrics", {})
+            recorded = original.user_attrs.get(attrs.METRICS, {})
         return self.template.for_trial(proposal.number, proposal.config, proposal.repeat_of, recorded).to_dict()
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         trial = self.live.get(trial_id)
         if trial is None:
             return
-        trial.last = result
-        if not result.get("final"):
-            trial.curve.append((len(trial.curve) + 1, float(result["train_loss"])))
-            tokens, stamp = int(result["tokens"]), _now_ms()
-            metrics = {key: result[key] for key in ("train_loss", "tokens_per_s", "budget_fraction")}
+        report = from_tune(result)
+        trial.last = report or trial.last
+        if isinstance(report, ProgressReport):
+            trial.curve.append((len(trial.curve) + 1, report.train_loss))
+            stamp = _now_ms()
             self.writes.submit(f"trial {trial.number}'s progress",
-                               lambda: self.tracker.log_progress(trial.run_id, tokens, metrics, stamp))
+                               lambda: self.tracker.log_progress(trial.run_id, report.tokens, report.series(), stamp))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         trial = self.live.pop(trial_id, None)
         if trial is None:
             return
-        last = result or trial.last
-        metrics = {k: float(v) for k, v in last.items() if _is_metric(k, v)}
+        last = from_tune(result) or trial.last
+        final = last if isinstance(last, TrialReport) else TrialReport()
+        metrics = last.last_metrics() if isinstance(last, ProgressReport) else final.recorded_metrics()
         reason = None
         if error:
             state, reason = FAILED, "the trial's worker died (Ray reported a trial error)"
-        elif last.get("failed"):
-            state, reason = FAILED, last.get("failure_reason", "unknown")
-        elif not last.get("final"):
+        elif final.failed:
+            state, reason = FAILED, final.reason
+        elif not isinstance(last, TrialReport):
             state, reason = PRUNED, f"stopped early by ASHA after {len(trial.curve)} of its reports"
         elif trial.proposal.repeat_of is not None:
             state = REPEAT
@@ -124,19 +128,18 @@ class CramnasSearcher(Searcher):
         controllers.tell(self.study, trial.number, values=values, state=state, reason=reason,
                          intermediate=trial.curve, metrics=metrics)
         artifacts = {"arch.yaml": trial.proposal.config.to_dict()}
-        result_dict = _unflatten(last, "result/")
-        if result_dict:
-            artifacts["result.json"] = result_dict
-        if "traceback" in last:
-            artifacts["traceback.txt"] = last["traceback"]
-        checkpoint, stamp = last.get("checkpoint_path"), _now_ms()  # written by the worker (--save-checkpoints)
+        if final.result:
+            artifacts["result.json"] = dict(final.result)
+        if final.traceback is not None:
+            artifacts["traceback.txt"] = final.traceback
+        checkpoint, stamp = final.checkpoint_path, _now_ms()  # written by the worker (--save-checkpoints)
 
         def finish_run() -> None:
-            tags = {"checkpoint": checkpoint} if checkpoint else {}
+            tags = {tag.CHECKPOINT: checkpoint} if checkpoint else {}
             if checkpoint and state == COMPLETE:  # exported before the run ends, so a FINISHED run has it
                 problem = self.tracker.log_hf_export(trial.run_id, checkpoint)
                 if problem:
-                    tags["hf_export_error"] = problem
+                    tags[tag.HF_EXPORT_ERROR] = problem
                     print(f"warning: trial {trial.number} stays complete, but its checkpoint {checkpoint} has no "
                           f"Hugging Face export in MLflow: {problem}")
             self.tracker.finish_run(trial.run_id, state, metrics, reason=reason, tags=tags, artifacts=artifacts,
@@ -147,29 +150,5 @@ class CramnasSearcher(Searcher):
             self.on_outcome(TrialOutcome(trial.number, state, metrics, trial.proposal, trial.run_id, reason))
 
 
-# Ray's own bookkeeping in every result, the trial's flags, and the train loss of a progress report
-# (the last report of a pruned trial): a series `log_progress` has logged already.
-_NOT_METRICS = {"final", "failed", "trial_id", "done", "pid", "timestamp", "time_this_iter_s",
-                "time_total_s", "time_since_restore", "iterations_since_restore", "training_iteration", "train_loss"}
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _is_metric(key: str, value: Any) -> bool:
-    return (key not in _NOT_METRICS and "/" not in key  # "config/...": Ray's copy of the trial spec
-            and isinstance(value, (int, float)) and not isinstance(value, bool))
-
-
-def _unflatten(flat: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """Ray hands searchers flattened results (`result/cram/seconds`): the nested dict under `prefix`."""
-    nested: dict[str, Any] = {}
-    for key, value in flat.items():
-        if key.startswith(prefix):
-            *parents, leaf = key[len(prefix):].split("/")
-            node = nested
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = value
-    return nested

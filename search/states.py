@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from optuna.trial import FrozenTrial, TrialState
 
-STATE_TAG = "cramnas.state"  # the MLflow tag holding a run's state
+from search import attrs
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def run_statuses(state: str) -> set[str]:
 def state_of_trial(trial: FrozenTrial) -> str:
     """The state of an Optuna trial (WAITING counts as running: it has not ended)."""
     if trial.state == TrialState.COMPLETE:
-        return REPEAT if trial.user_attrs.get("repeat_of") is not None else COMPLETE
+        return REPEAT if trial.user_attrs.get(attrs.REPEAT_OF) is not None else COMPLETE
     return next((name for name, row in STATES.items() if row.trial_state == trial.state), RUNNING)
 
 

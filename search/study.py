@@ -19,15 +19,16 @@ from pathlib import Path
 
 import optuna
 
-from search import controllers
+from search import attrs, controllers
+from search import tags as tag
 from search.next_steps import data_settings
+from search.report import ASHA_METRIC
 from search.resources import auto_cpus_per_trial
 from search.retry import Retry, TrackingUnavailable
 from search.searcher import CramnasSearcher
 from search.spec import StudyPlan
 from search.states import COMPLETE, FAILED, PRUNED, state_of_trial
 from search.tracking import StudyTracker
-from search.trial import ASHA_METRIC
 from search.view import StudyView, references_text
 from trainer.console import count
 
@@ -53,23 +54,23 @@ def reconcile(study: optuna.Study, tracker: StudyTracker, train: dict) -> dict[s
     rebuilt = 0
     trials = study.get_trials(deepcopy=False)  # as they stay below: only MLflow is written
     for trial in trials:
-        if trial.number in recorded or not trial.state.is_finished() or "infeasible" in trial.user_attrs:
+        if trial.number in recorded or not trial.state.is_finished() or attrs.INFEASIBLE in trial.user_attrs:
             continue
-        arch = trial.user_attrs.get("arch", {})
-        tags = {"controller": study.user_attrs.get("controller"),
-                **{key: trial.user_attrs[key] for key in ("generation", "parent_trial", "mutation", "repeat_of",
-                                                          "rerun_of") if trial.user_attrs.get(key) is not None}}
+        arch = trial.user_attrs.get(attrs.ARCH, {})
+        tags = {attrs.CONTROLLER: study.user_attrs.get(attrs.CONTROLLER),
+                **{key: trial.user_attrs[key] for key in (*attrs.LINEAGE, attrs.REPEAT_OF, attrs.RERUN_OF)
+                   if trial.user_attrs.get(key) is not None}}
         # "unknown": the driver died before even recording what it had drawn.
-        fingerprint = trial.user_attrs.get("fingerprint", "unknown")
+        fingerprint = trial.user_attrs.get(attrs.FINGERPRINT, "unknown")
         tracker.open_trial_run(trial.number, arch, train, fingerprint, tags)  # RUNNING: closed with the verdict below
         rebuilt += trial.number not in stale
     closed = 0
     for run in tracker.running_trial_runs():
-        number = int(run.data.tags[tracker.trial_tag])
+        number = int(run.data.tags[tag.TRIAL_NUMBER])
         trial = trials[number]
         # A run the crash cut short ends KILLED; one whose trial had ended gets the study's verdict.
-        tracker.finish_run(run.info.run_id, state_of_trial(trial), trial.user_attrs.get("metrics", {}),
-                           reason=trial.user_attrs.get("failure_reason"), cut_short=number in stale)
+        tracker.finish_run(run.info.run_id, state_of_trial(trial), trial.user_attrs.get(attrs.METRICS, {}),
+                           reason=trial.user_attrs.get(attrs.FAILURE_REASON), cut_short=number in stale)
         closed += 1
     return {"stale_trials": len(stale), "rebuilt_runs": rebuilt, "closed_runs": closed}
 
@@ -147,12 +148,12 @@ def run_study(plan: StudyPlan) -> int:
     study = plan.optuna_study
     train = plan.template.train.to_dict()
     if not plan.resume:  # what export needs to write a config that trainer.cram runs unchanged
-        study.set_user_attr("train", train)
-        study.set_user_attr("budget", plan.budget.text)
+        study.set_user_attr(attrs.TRAIN, train)
+        study.set_user_attr(attrs.BUDGET, plan.budget.text)
     tracker = StudyTracker(plan.tracking_uri, plan.study, retry=Retry(timeout_s=DRIVER_RETRY_S))
     parent_run = tracker.start_study({
-        "controller": plan.controller, "objective": plan.objective.name, "space": str(plan.space_path),
-        "budget": plan.budget.text, "trials": plan.trials, "code_version": _code_version(),
+        attrs.CONTROLLER: plan.controller, attrs.OBJECTIVE: plan.objective.name, attrs.SPACE: str(plan.space_path),
+        attrs.BUDGET: plan.budget.text, "trials": plan.trials, "code_version": _code_version(),
         "train": train, **probe_settings(plan),
         # Where the data came from, so that the next commands can say it again (search.next_steps).
         **data_settings(plan.template.data_dir, plan.template.corpus, plan.template.cache_dir),
@@ -195,7 +196,7 @@ def run_study(plan: StudyPlan) -> int:
         if plan.address:  # other nodes may lack the driver's cache: each fetches the data once (ShippedData)
             shipped = ShippedData(ray.put(entry_files(plan.template.data_fingerprint, plan.template.cache_dir)))
         searcher = CramnasSearcher(study, plan.space, plan.objective, tracker, plan.template,
-                                   {"controller": plan.controller}, on_outcome=view.record)
+                                   {attrs.CONTROLLER: plan.controller}, on_outcome=view.record)
         scheduler = FIFOScheduler()
         early_stop, off = early_stop_for_session(plan.early_stop, remaining)
         if off:

@@ -1,35 +1,28 @@
 """MLflow conventions for cramnas studies: one experiment per study, one run per trial.
 
-Layout:
+Layout (which tags each kind of run carries, and what they mean: `search.tags`):
 - experiment = study (same name); artifacts of a SQLite store go beside the database file;
-- one *study run* (named `study <name>`, so that it stands out among its trials; tag
-  `cramnas.kind=study`): controller, objective, space, budget, data and code version as tags and
-  params, the study's training settings as `train.*` params and the probe's limits as
+- one *study run*, named `study <name>` so that it stands out among its trials: the study's
+  settings as tags and params, its training settings as `train.*` params and the probe's limits as
   `probe_limits.*` params;
 - one *trial run* per trial number, nested under the study run (`mlflow.parentRunId`, which the UI
-  groups by), named by trial and architecture (`t0007 4x256/4h geglu pre-norm rotary`), tagged
-  `cramnas.kind=trial`, `cramnas.trial=7`, `cramnas.fingerprint` and `cramnas.state`
-  (`search.states`). Params `arch.<field>`, `train.<field>` and `budget`; lineage tags
-  `cramnas.parent_trial` / `cramnas.parent_run_id`, and for a re-run of a trial the driver's death
-  cut short `cramnas.rerun_of` / `cramnas.rerun_of_run_id`; metrics `train_loss`, `tokens_per_s`, ... over
+  groups by), named by trial and architecture (`t0007 4x256/4h geglu pre-norm rotary`): params
+  `arch.<field>`, `train.<field>` and `budget`; metrics `train_loss`, `tokens_per_s`, ... over
   tokens seen, final `validation_loss`, `glue.<task>.<metric>`, `probe_average`; artifacts
-  `arch.yaml` and `result.json`;
-- one *confirmation run* per (trial, seed, budget) that `search.confirm` re-trains, nested and
-  tagged `cramnas.kind=confirmation`; one *baseline run* per (hand-designed config, seed, budget)
-  that `search.confirm --baselines` trains beside them, nested, named `<config> s1` (seed index
-  first) and tagged `cramnas.kind=baseline`.
+  `arch.yaml`, `result.json` and, for a saved checkpoint (`search.run --save-checkpoints`), its
+  Hugging Face export `hf_model/`;
+- one *confirmation run* per (trial, seed, budget) that `search.confirm` re-trains and one
+  *baseline run* per (hand-designed config, seed, budget) it trains beside them, both nested,
+  named `confirm-t0007-s1` and `<config> s1` (seed index last).
 
 Every run is found again by its tags, never remembered in memory, so a driver that crashes and
 resumes reuses the study run and each trial's run instead of creating second ones. All calls go
 through `MlflowClient` with explicit run ids (trials log from Ray workers, where MLflow's global
-active-run state would be wrong) and through `search.retry.Retry`. The tag `cramnas.checkpoint`
-holds the path of a trial's checkpoint when the study saves them (`search.run --save-checkpoints`),
-and the artifact `hf_model/` its Hugging Face export (`cramnas.hf_export_error` says why one is missing).
+active-run state would be wrong) and through `search.retry.Retry`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import re
@@ -44,26 +37,14 @@ import yaml
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, Run, RunTag
 
+from search import attrs
+from search import tags as tag
 from search.objectives import Objective
 from search.params import flatten, trial_params
 from search.retry import Retry, TrackingError, TrackingUnavailable, first_line, is_transient
-from search.states import COMPLETE, RUNNING, STATE_TAG, STATES
+from search.states import COMPLETE, RUNNING, STATES
 from search.stores import resolve_uri, sqlite_path
-from space.arch import ArchConfig, ArchError
 from trainer.regimes import regime_of
-
-TAG = "cramnas."  # prefix of every tag cramnas sets (besides MLflow's own `mlflow.parentRunId`)
-FAILURE_TAG = TAG + "failure_reason"
-
-
-def _tag_name(key: str) -> str:
-    """Short keys become `cramnas.<key>`; a key that already names its namespace is kept."""
-    return key if "." in key else TAG + key
-
-
-def _tags(tags: Mapping[str, Any]) -> dict[str, str]:
-    # None means "not applicable" (no parent, no mutation): MLflow has no null tag, so leave it out.
-    return {_tag_name(key): str(value) for key, value in tags.items() if value is not None}
 
 
 def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -78,22 +59,6 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def study_run_name(study_name: str) -> str:
-    """The study run's name: not the bare study name, so that it reads apart from its trials."""
-    return f"study {study_name}"
-
-
-def trial_run_name(trial_number: int, arch: Mapping[str, Any], fingerprint: str) -> str:
-    """`t0007 4x256/4h geglu pre-norm rotary`: what the runs table shows first, so the trial and
-    its architecture, not a hash. An architecture that cannot be described (an impossible one, whose
-    trial fails, or none recorded: `search.study.reconcile`) is named by its fingerprint instead."""
-    words = fingerprint
-    if arch:
-        with contextlib.suppress(ArchError):  # defaults first: an older version's arch may leave fields out
-            words = ArchConfig.from_dict({**ArchConfig().to_dict(), **arch}).describe()
-    return f"t{int(trial_number):04d} {words}"
-
-
 # ---- the study ----------------------------------------------------------------------------------
 
 class StudyTracker:
@@ -101,8 +66,6 @@ class StudyTracker:
 
     Only the driver calls `start_study` and `finish_study`; workers find the study run by its tag.
     """
-
-    trial_tag = TAG + "trial"  # the tag holding a trial run's trial number
 
     def __init__(self, uri: str | None, study_name: str, *, artifact_root: str | None = None,
                  retry: Retry | None = None) -> None:
@@ -188,7 +151,7 @@ class StudyTracker:
                 return runs
 
     def _find_study_run(self) -> Run | None:
-        runs = self._search(f"tags.`{TAG}kind` = 'study'")
+        runs = self._search(tag.where(tag.KIND, tag.STUDY))
         return runs[0] if runs else None
 
     def start_study(self, info: Mapping[str, Any]) -> str:
@@ -203,7 +166,7 @@ class StudyTracker:
         resume the study is the study store's decision, not the tracker's.
         """
         self.experiment_id(create=True)
-        tags = {**_tags({k: v for k, v in info.items() if not isinstance(v, Mapping)}), TAG + "kind": "study"}
+        tags = {**tag.as_tags({k: v for k, v in info.items() if not isinstance(v, Mapping)}), tag.KIND: tag.STUDY}
         params = {name: str(value) for name, value in flatten(info).items()}
 
         def find_or_create() -> Run:
@@ -211,7 +174,7 @@ class StudyTracker:
             # creating a second one.
             run = self._find_study_run()
             if run is None:
-                run = self.client.create_run(self.experiment_id(), tags=tags, run_name=study_run_name(self.study_name))
+                run = self.client.create_run(self.experiment_id(), tags=tags, run_name=tag.study_run_name(self.study_name))
             return run
 
         run = self._call("starting the study run", find_or_create)
@@ -250,12 +213,12 @@ class StudyTracker:
     # ---- trial, confirmation and baseline runs ----
 
     def find_trial_run(self, trial_number: int) -> Run | None:
-        runs = self._search(f"tags.`{TAG}kind` = 'trial' and tags.`{self.trial_tag}` = '{int(trial_number)}'")
+        runs = self._search(f"{tag.where(tag.KIND, tag.TRIAL)} and {tag.where(tag.TRIAL_NUMBER, int(trial_number))}")
         return runs[0] if runs else None
 
     def running_trial_runs(self) -> list[Run]:
         """Trial runs still RUNNING: on resume, the ones a dead driver left behind."""
-        return self._search(f"tags.`{TAG}kind` = 'trial' and attributes.status = 'RUNNING'")
+        return self._search(f"{tag.where(tag.KIND, tag.TRIAL)} and attributes.status = 'RUNNING'")
 
     def open_trial_run(self, trial_number: int, arch: Mapping[str, Any], train: Mapping[str, Any],
                        fingerprint: str, tags: Mapping[str, Any] | None = None, budget: Any = None) -> str:
@@ -268,32 +231,32 @@ class StudyTracker:
         """
         study = self.study_run()
         tags = dict(tags or {})
-        tags.setdefault("controller", study.data.tags.get(TAG + "controller"))
+        tags.setdefault(attrs.CONTROLLER, study.data.tags.get(tag.CONTROLLER))
         if budget is None:
             budget = study.data.params.get("budget")
-        for key, run_key in (("parent_trial", "parent_run_id"), ("rerun_of", "rerun_of_run_id")):
+        for key, run_key in ((attrs.PARENT_TRIAL, tag.PARENT_RUN_ID), (attrs.RERUN_OF, tag.RERUN_OF_RUN_ID)):
             if tags.get(key) is not None:
                 linked = self.find_trial_run(int(tags[key]))
                 # An unknown parent (say, a seed imported from another study) keeps only its number.
                 tags[run_key] = linked.info.run_id if linked else None
-        run_tags = {**_tags(tags), TAG + "kind": "trial", self.trial_tag: str(int(trial_number)),
-                    TAG + "fingerprint": fingerprint, "mlflow.parentRunId": study.info.run_id}
+        run_tags = {**tag.as_tags(tags), tag.KIND: tag.TRIAL, tag.TRIAL_NUMBER: str(int(trial_number)),
+                    tag.FINGERPRINT: fingerprint, tag.PARENT_RUN: study.info.run_id}
         return self._open_run(f"the run of trial {trial_number}", lambda: self.find_trial_run(trial_number),
-                              run_tags, trial_run_name(trial_number, arch, fingerprint), trial_params(arch, train, budget))
+                              run_tags, tag.trial_run_name(trial_number, arch, fingerprint), trial_params(arch, train, budget))
 
     def _find_seed_run(self, kind: str, key: str, value: str, seed: int, budget: str) -> Run | None:
-        """The `kind` run tagged `cramnas.<key>` = `value` that trained with `seed` under `budget`."""
-        runs = self._search(f"tags.`{TAG}kind` = '{kind}' and tags.`{TAG}{key}` = '{value}' and "
-                            f"tags.`{TAG}seed` = '{int(seed)}' and tags.`{TAG}budget` = '{budget}'")
+        """The `kind` run tagged `key` = `value` that trained with `seed` under `budget`."""
+        runs = self._search(" and ".join([tag.where(tag.KIND, kind), tag.where(key, value),
+                                          tag.where(tag.SEED, int(seed)), tag.where(tag.BUDGET, budget)]))
         return runs[0] if runs else None
 
     def _seed_run_tags(self, kind: str, seed: int, budget: str, fingerprint: str | None) -> dict[str, str]:
-        return {TAG + "kind": kind, TAG + "seed": str(int(seed)), TAG + "budget": budget,
-                "mlflow.parentRunId": self.study_run().info.run_id, **_tags({"fingerprint": fingerprint})}
+        return {tag.KIND: kind, tag.SEED: str(int(seed)), tag.BUDGET: budget,
+                tag.PARENT_RUN: self.study_run().info.run_id, **tag.as_tags({tag.FINGERPRINT: fingerprint})}
 
     def find_confirmation_run(self, original_run_id: str, seed: int, budget: str) -> Run | None:
         """The run that re-trained trial run `original_run_id` with `seed` under `budget`, if any."""
-        return self._find_seed_run("confirmation", "confirmation_of", original_run_id, seed, budget)
+        return self._find_seed_run(tag.CONFIRMATION, tag.CONFIRMATION_OF, original_run_id, seed, budget)
 
     def open_confirmation_run(self, original_run_id: str, trial_number: int, seed: int, index: int,
                               arch: Mapping[str, Any], train: Mapping[str, Any], budget: str,
@@ -303,8 +266,8 @@ class StudyTracker:
         tagged `cramnas.kind=confirmation`, `confirmation_of`, `original_trial`, `seed`, `budget`
         and `fingerprint`, with the params of a trial run. Its results go through `finish_run`.
         """
-        run_tags = {**self._seed_run_tags("confirmation", seed, budget, fingerprint),
-                    TAG + "confirmation_of": original_run_id, TAG + "original_trial": str(int(trial_number))}
+        run_tags = {**self._seed_run_tags(tag.CONFIRMATION, seed, budget, fingerprint),
+                    tag.CONFIRMATION_OF: original_run_id, tag.ORIGINAL_TRIAL: str(int(trial_number))}
         return self._open_run(f"the confirmation of trial {trial_number} with seed {seed}",
                               lambda: self.find_confirmation_run(original_run_id, seed, budget),
                               run_tags, f"confirm-t{int(trial_number):04d}-s{int(index)}",
@@ -312,7 +275,7 @@ class StudyTracker:
 
     def find_baseline_run(self, name: str, seed: int, budget: str) -> Run | None:
         """The run that trained hand-designed config `name` with `seed` under `budget`, if any."""
-        return self._find_seed_run("baseline", "baseline", name, seed, budget)
+        return self._find_seed_run(tag.BASELINE, tag.BASELINE_NAME, name, seed, budget)
 
     def open_baseline_run(self, name: str, seed: int, index: int, arch: Mapping[str, Any],
                           train: Mapping[str, Any], budget: str, fingerprint: str | None = None) -> str:
@@ -321,7 +284,7 @@ class StudyTracker:
         `<name> s1` (`index` = 1), tagged `cramnas.kind=baseline`, `baseline`, `seed`,
         `budget` and `fingerprint`, with the params of a trial run. Its results go through `finish_run`.
         """
-        run_tags = {**self._seed_run_tags("baseline", seed, budget, fingerprint), TAG + "baseline": name}
+        run_tags = {**self._seed_run_tags(tag.BASELINE, seed, budget, fingerprint), tag.BASELINE_NAME: name}
         return self._open_run(f"baseline {name} with seed {seed}", lambda: self.find_baseline_run(name, seed, budget),
                               run_tags, f"{name} s{int(index)}", trial_params(arch, train, budget))
 
@@ -335,16 +298,16 @@ class StudyTracker:
                 return run, False
             # One retried unit, the lookup tags set with the run itself: a retry after a lost
             # "created" reply finds the run, and the run can never exist unfindable.
-            return self.client.create_run(self.experiment_id(), tags={**tags, STATE_TAG: RUNNING},
+            return self.client.create_run(self.experiment_id(), tags={**tags, tag.STATE: RUNNING},
                                           run_name=run_name), True
 
         run, created = self._call(f"starting {what}", find_or_create)
         run_id = run.info.run_id
         if not created and run.info.status in ("KILLED", "FAILED"):
             self._call(f"reopening {what}", self.client.update_run, run_id, status="RUNNING")
-            if FAILURE_TAG in run.data.tags:
-                self._call("clearing the failure reason", self.client.delete_tag, run_id, FAILURE_TAG)
-            tags = {**tags, STATE_TAG: RUNNING}
+            if tag.FAILURE_REASON in run.data.tags:
+                self._call("clearing the failure reason", self.client.delete_tag, run_id, tag.FAILURE_REASON)
+            tags = {**tags, tag.STATE: RUNNING}
         # Params are write-once: logging the same values again is a no-op, different ones an error
         # (a caller mixing up trial numbers), which surfaces as TrackingError.
         self._log_batch(f"logging {what}'s settings", run_id, params=params, tags=tags)
@@ -361,7 +324,6 @@ class StudyTracker:
         batch = [Metric(name, value, timestamp, int(step_tokens)) for name, value in _numbers(metrics).items()]
         self._log_batch("logging progress", run_id, metrics=batch)
 
-
     def finish_run(self, run_id: str, state: str, metrics: Mapping[str, Any] | None = None, *,
                    reason: str | None = None, tags: Mapping[str, Any] | None = None,
                    artifacts: Mapping[str, str | dict] | None = None, loss_curve: Sequence[tuple[int, float]] = (),
@@ -371,10 +333,10 @@ class StudyTracker:
         driver's death or Ctrl-C cut short).
 
         `metrics` may nest (`{"glue": {"sst2": {"accuracy": 0.8}}}` -> `glue.sst2.accuracy`);
-        `search.trial.trial_metrics` builds them from the trial's results. They are logged at step =
+        `search.report.trial_metrics` builds them from the trial's results. They are logged at step =
         `tokens` (the trial's last step) so that `tokens_per_s` ends where its progress series ends.
         `loss_curve` points already logged by `log_progress` are not logged twice. `reason` is the
-        `cramnas.failure_reason`; `tags` (short keys) any other tag, e.g. `checkpoint`. `artifacts`
+        `cramnas.failure_reason`; `tags` any other tag (`search.tags`, or a short key: `search.tags.as_tags`). `artifacts`
         maps a file name to text or a dict, written as YAML or JSON by its extension: by convention
         `arch.yaml` (the arch dict) and `result.json`. `timestamp_ms`: see `log_progress`; every
         step here may be repeated without duplicating anything.
@@ -393,7 +355,7 @@ class StudyTracker:
             batch += [Metric("train_loss", float(loss), timestamp, int(tokens))
                       for tokens, loss in loss_curve if int(tokens) not in logged]
         # The regime (trainer/references.py) as a tag too: the MLflow UI filters runs by it.
-        run_tags = {**_tags({**(tags or {}), "failure_reason": reason, "regime": regime_of(final)}), STATE_TAG: state}
+        run_tags = {**tag.as_tags({**(tags or {}), tag.FAILURE_REASON: reason, tag.REGIME: regime_of(final)}), tag.STATE: state}
         self._log_batch("logging the run's results", run_id, metrics=batch, tags=run_tags)
         for name, content in (artifacts or {}).items():
             if isinstance(content, str):
@@ -428,14 +390,13 @@ class StudyTracker:
             return f"{type(error).__name__}: {first_line(error)}"
         return None
 
-
     # ---- reading back ----
 
     def trial_table(self) -> pd.DataFrame:
         """One row per trial run, by trial number: `run_id`, `run_name`, `trial`, `status` (MLflow's),
         `start_time`, `end_time` and `params.*`, `metrics.*` (latest value), `tags.*` columns."""
-        rows = [{"trial": int(run.data.tags[self.trial_tag]), **_run_row(run)}
-                for run in self._search(f"tags.`{TAG}kind` = 'trial'")]
+        rows = [{"trial": int(run.data.tags[tag.TRIAL_NUMBER]), **_run_row(run)}
+                for run in self._search(tag.where(tag.KIND, tag.TRIAL))]
         if not rows:
             return pd.DataFrame(columns=["run_id", "run_name", "trial", "status", "start_time", "end_time"])
         return pd.DataFrame(rows).sort_values("trial", ignore_index=True)
@@ -443,15 +404,15 @@ class StudyTracker:
     def confirmation_table(self) -> pd.DataFrame:
         """One row per confirmation run (`search.confirm`), oldest first, with the columns of
         `trial_table` (its `trial` is the original trial's number, from `cramnas.original_trial`)."""
-        return self._kind_table("confirmation", "trial", lambda tags: int(tags.get(TAG + "original_trial", -1)))
+        return self._kind_table(tag.CONFIRMATION, "trial", lambda tags: int(tags.get(tag.ORIGINAL_TRIAL, -1)))
 
     def baseline_table(self) -> pd.DataFrame:
         """One row per baseline run (`search.confirm --baselines`), oldest first, with the columns
         of `trial_table` but `trial`: `baseline` is the config's name (`cramnas.baseline`)."""
-        return self._kind_table("baseline", "baseline", lambda tags: tags.get(TAG + "baseline", ""))
+        return self._kind_table(tag.BASELINE, "baseline", lambda tags: tags.get(tag.BASELINE_NAME, ""))
 
     def _kind_table(self, kind: str, column: str, value: Callable[[dict[str, str]], Any]) -> pd.DataFrame:
-        rows = [{column: value(run.data.tags), **_run_row(run)} for run in self._search(f"tags.`{TAG}kind` = '{kind}'")]
+        rows = [{column: value(run.data.tags), **_run_row(run)} for run in self._search(tag.where(tag.KIND, kind))]
         if not rows:
             return pd.DataFrame(columns=["run_id", "run_name", column, "status", "start_time", "end_time"])
         return pd.DataFrame(rows)
@@ -462,7 +423,7 @@ class StudyTracker:
         Pruned trials stopped early and repeats copy an earlier result, so neither competes."""
         frame = self.trial_table()
         column = f"metrics.{objective.rank_metric}"
-        state = f"tags.{STATE_TAG}"
+        state = tag.column(tag.STATE)
         if column not in frame or state not in frame:
             return []
         # A diverged trial's NaN loss, or a metric it never logged (NaN in the frame), never wins.

@@ -5,7 +5,7 @@ by the driver when it sees these reports (`search.searcher`), so a worker that d
 record. A trial never raises: an exception becomes a final report with `failed` and its reason,
 so one bad architecture costs one trial, not the study.
 
-Reports, in order:
+Reports, in order (typed in `search.report`, which the driver reads them back with):
 - `budget_fraction`, `train_loss`, `tokens`, `tokens_per_s` at each 1/16 of the budget before its
   end (15 at most): the rungs on which ASHA compares trials by their train loss (`ASHA_METRIC`;
   `training_iteration` counts them; `search.study.early_stopping`). None comes at the end of the
@@ -43,6 +43,7 @@ import ray
 import torch
 from ray import tune
 
+from search.report import ProgressReport, TrialReport, trial_metrics
 from search.spec import Probe, TrialSpec
 from space.arch import ArchConfig
 from space.errors import CramnasError
@@ -52,26 +53,6 @@ from trainer.checkpoint import save_checkpoint
 from trainer.config import TrainConfig
 from trainer.cram import NonFiniteLoss, Progress, cram_with_model
 from trainer.data import PretrainData, open_prepared
-
-ASHA_METRIC = "train_loss"  # what ASHA compares trials on (lower is better): the progress reports' train loss
-
-
-def trial_metrics(cram_result: dict, probe_result: dict | None) -> dict[str, float]:
-    """The flat numbers of a finished trial: what the controller and MLflow read."""
-    metrics = {key: float(cram_result[key]) for key in
-               ("validation_loss", "unigram_floor", "nats_below_unigram", "corruption_floor", "nats_below_floor",
-                "context_reference", "tokens", "tokens_per_s", "params", "flops_per_token", "seconds",
-                "validation_seconds", "steps", "oom_halvings")}
-    for kind, loss in cram_result["validation_loss_by_kind"].items():  # at [MASK], random and unchanged positions
-        metrics[f"validation_loss.{kind}"] = float(loss)
-    metrics["rollbacks"] = float(len(cram_result.get("rollbacks", [])))  # diverged steps undone (trainer/rollback.py)
-    if probe_result is not None:
-        metrics["probe_average"] = float(probe_result["average"])
-        metrics["probe_seconds"] = float(probe_result["seconds"]["total"])
-        for task, values in probe_result["metrics"].items():
-            for name, value in values.items():
-                metrics[f"glue.{task}.{name}"] = float(value)
-    return metrics
 
 
 @dataclass(frozen=True)
@@ -116,19 +97,18 @@ def run_trial(config: dict[str, Any], shipped: ShippedData | None = None) -> Non
     # Before anything compiles; the CPUs are those Ray reserved for this trial.
     use_compile_env(compile_env(ray.get_runtime_context().get_assigned_resources().get("CPU"), spec.cache_dir))
     if spec.repeat_of is not None:  # dedupe: this architecture was trained already
-        tune.report({**spec.recorded, "final": True})
+        tune.report(TrialReport.repeat(spec.recorded).to_tune())
         return
     started = time.perf_counter()
     try:
         final = _train_and_report(spec, shipped)
     except Exception as error:  # noqa: BLE001 - any failure is this trial's, recorded with its reason
-        reason = f"{type(error).__name__}: {error}"
-        tune.report({"final": True, "failed": True, "failure_reason": reason[:2000],
-                     "traceback": traceback.format_exc()[-4000:], "seconds": time.perf_counter() - started})
+        tune.report(TrialReport.failure(f"{type(error).__name__}: {error}", traceback.format_exc(),
+                                        time.perf_counter() - started).to_tune())
         return
     finally:  # also when ASHA stops the trial, by raising SystemExit inside one of its reports
         hand_back_memory()
-    tune.report(final)
+    tune.report(final.to_tune())
 
 
 def hand_back_memory() -> None:
@@ -211,7 +191,7 @@ def cram_and_probe(arch: ArchConfig, train: TrainConfig, data: PretrainData, bud
     return result.to_dict(), probe_result
 
 
-def _train_and_report(spec: TrialSpec, shipped: ShippedData | None) -> dict[str, Any]:
+def _train_and_report(spec: TrialSpec, shipped: ShippedData | None) -> TrialReport:
     """A trial's cram and probe, with its progress reports and injected faults: the final report."""
     number = spec.trial_number
     faults = injected_faults(number)
@@ -227,8 +207,8 @@ def _train_and_report(spec: TrialSpec, shipped: ShippedData | None) -> dict[str,
     def report(progress: Progress) -> None:
         if "nan" in faults:
             raise NonFiniteLoss(progress.step, float("nan"))
-        tune.report({"budget_fraction": progress.fraction, "train_loss": progress.train_loss,
-                     "tokens": progress.tokens, "tokens_per_s": progress.tokens_per_s, "final": False})
+        tune.report(ProgressReport(progress.fraction, progress.train_loss, progress.tokens,
+                                   progress.tokens_per_s).to_tune())
 
     def out_of_memory(rows: int) -> None:  # "oom": memory for half the micro-batch only
         if rows > max(1, train.micro_batch // 2):
@@ -247,11 +227,9 @@ def _train_and_report(spec: TrialSpec, shipped: ShippedData | None) -> dict[str,
         arch, train, data, spec.budget, spec.probe, on_progress=report, save_to=save_to,
         before_forward=out_of_memory if "oom" in faults else None,
         after_write=full_disk if "diskfull" in faults else None, device=device)
-    final = {**trial_metrics(cram_dict, probe_result), "final": True,
-             "result": {"cram": cram_dict, "probe": probe_result, "gpu_ids": gpu_ids,
-                        "data": {"source": data_source, "node": ray.get_runtime_context().get_node_id()}}}
-    if device.type == "cuda":
-        final["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
-    if save_to is not None:
-        final["checkpoint_path"] = str(save_to)
-    return final
+    return TrialReport(
+        trial_metrics(cram_dict, probe_result),
+        result={"cram": cram_dict, "probe": probe_result, "gpu_ids": gpu_ids,
+                "data": {"source": data_source, "node": ray.get_runtime_context().get_node_id()}},
+        checkpoint_path=None if save_to is None else str(save_to),
+        gpu_peak_gb=torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None)

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from search import attrs
 from search.export import ranked_trials
 from search.searcher import TrialOutcome
 from search.spec import StudyPlan
@@ -165,12 +166,12 @@ class StudyView:
         for column in columns:  # the architecture wraps where the width runs out; numbers and run ids stay whole
             table.add_column(column, no_wrap=column != "architecture")
         for trial in trials[:top]:
-            metrics = trial.user_attrs["metrics"]
+            metrics = trial.user_attrs[attrs.METRICS]
             run = self.tracker.find_trial_run(trial.number)
             cells = [str(trial.number), f"{metrics[key]:.4f}", f"{metrics.get('validation_loss', float('nan')):.3f}",
                      below_floor(metrics, unit="", short=True), regime_of(metrics) or "n/a",
                      f"{metrics.get('tokens_per_s', 0):,.0f}", f"{metrics.get('params', 0) / 1e6:.1f}M",
-                     ArchConfig.from_dict(trial.user_attrs["arch"]).describe(), run.info.run_id if run else "-"]
+                     ArchConfig.from_dict(trial.user_attrs[attrs.ARCH]).describe(), run.info.run_id if run else "-"]
             if key == "validation_loss":
                 del cells[2]
             table.add_row(*cells)

@@ -22,6 +22,10 @@ from space.arch import ArchConfig
 if TYPE_CHECKING:  # optuna is imported lazily: the trainer imports `space` and should not pay for it
     import optuna
 
+
+# The Optuna user attribute of an infeasible draw, with its reason (read through search.attrs).
+INFEASIBLE = "infeasible"
+
 # Float grids are computed as low + k * step; rounding keeps 0.1 steps at 0.3, not 0.30000000000000004.
 GRID_DIGITS = 10
 
@@ -103,7 +107,7 @@ class OptunaDraw:
         # avoid infeasible regions; the `infeasible` attribute keeps them out of the search's counts.
         from optuna.trial import TrialState
 
-        self.trial.set_user_attr("infeasible", reason)
+        self.trial.set_user_attr(INFEASIBLE, reason)
         self.study.tell(self.trial, state=TrialState.PRUNED)
 
 

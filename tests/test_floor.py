@@ -12,10 +12,10 @@ from rich.console import Console
 
 from search.controllers import Proposal
 from search.objectives import OBJECTIVES
+from search.report import trial_metrics
 from search.searcher import TrialOutcome
 from search.stores import study_storage
 from search.tracking import StudyTracker
-from search.trial import trial_metrics
 from search.view import StudyView
 from space.arch import ArchConfig
 from tests.dashboard_study import UNIGRAM_FLOOR, scratch_store, write_study

@@ -138,6 +138,7 @@ def test_export_round_trips_into_trainer_cram(args, wiki_slice_dir, slice_cache,
     (["--budget", "5 fortnights"], "budget"),
     (["--space", "missing.yaml"], "missing.yaml"),
     (["--no-probe"], "--no-probe"),
+    (["--no-probe", "--objective", "probe+throughput", "--controller", "nsga2"], "--no-probe"),
     (["--max-concurrent", "0"], "--max-concurrent"),
 ])
 def test_bad_input_fails_in_one_line_before_any_trial(extra, expected, args, tmp_path, capsys):

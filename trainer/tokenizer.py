@@ -54,6 +54,17 @@ def build_normalizer(normalization: str) -> normalizers.Normalizer | None:
     raise ValueError(f"unknown normalization {normalization!r}; choose one of {', '.join(NORMALIZATIONS)}")
 
 
+def pair_template(tokenizer: Tokenizer) -> processors.TemplateProcessing:
+    """BERT's input layout, [CLS] A [SEP] for one text and [CLS] A [SEP] B [SEP] for a pair, B's
+    tokens in segment 1: the one definition, for trained tokenizers and GLUE's copy of any other
+    (`glue.data.prepare_tokenizer`). The tokenizer must have [CLS] and [SEP]."""
+    cls, sep = SPECIAL_TOKENS["cls"], SPECIAL_TOKENS["sep"]
+    return processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(token, tokenizer.token_to_id(token)) for token in (cls, sep)],
+    )
+
+
 def train_wordpiece(texts: Iterable[str | list[str]], vocab_size: int, normalization: str) -> Tokenizer:
     """Train a BERT-style WordPiece tokenizer with exactly `vocab_size` entries.
 
@@ -74,13 +85,9 @@ def train_wordpiece(texts: Iterable[str | list[str]], vocab_size: int, normaliza
     )
     tokenizer.train_from_iterator(texts, trainer)
     _renumber_vocabulary(tokenizer, vocab_size)
-    # [CLS] A [SEP] (B [SEP]) with segment ids, so that fine-tuning (GLUE) can encode sentence
-    # pairs with this very tokenizer; pretraining packs sequences itself and bypasses this.
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[(token, tokenizer.token_to_id(token)) for token in ("[CLS]", "[SEP]")],
-    )
+    # So that fine-tuning (GLUE) can encode sentence pairs with this very tokenizer; pretraining
+    # packs sequences itself and bypasses this.
+    tokenizer.post_processor = pair_template(tokenizer)
     tokenizer.decoder = decoders.WordPiece(prefix=SUBWORD_PREFIX)
     return tokenizer
 

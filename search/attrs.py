@@ -1,0 +1,23 @@
+"""The Optuna user attributes cramnas stores, once: every reader and writer names them from here.
+
+The strings are the stored keys of every existing study database, so none may change.
+"""
+
+from __future__ import annotations
+
+from space.draw import INFEASIBLE as INFEASIBLE  # written by the space's draw, which never imports search
+
+# ---- a trial's ----
+ARCH = "arch"  # ArchConfig.to_dict() of the drawn architecture
+FINGERPRINT = "fingerprint"  # ArchConfig.fingerprint(): how a repeat finds its original
+METRICS = "metrics"  # every number the trial recorded (search.report.TrialReport.recorded_metrics)
+INTERMEDIATE = "intermediate"  # the [report index, train loss] curve of its progress reports
+FAILURE_REASON = "failure_reason"  # why a failed trial failed (controllers.DRIVER_DIED: the driver's death)
+REPEAT_OF = "repeat_of"  # the complete trial that trained this architecture; its metrics are told again
+RERUN_OF = "rerun_of"  # the trial the driver's death cut short that this one trains again
+GENERATION, PARENT_TRIAL, MUTATION = "generation", "parent_trial", "mutation"  # evolution's, set by its sampler
+LINEAGE = (GENERATION, PARENT_TRIAL, MUTATION)  # what a re-run keeps of its original
+
+# ---- the study's (search.controllers.open_study, search.study) ----
+CONTROLLER, OBJECTIVE, SPACE, SEED = "controller", "objective", "space", "seed"  # checked again on --resume
+TRAIN, BUDGET = "train", "budget"  # TrainConfig.to_dict() and the budget's text, for search.export
