@@ -17,7 +17,6 @@ run that attempt started, without duplicating a metric point.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ import yaml
 from search import tags as tag
 from search.retry import TrackingError, first_line
 from space.errors import CramnasError, UsageError
+from trainer.console import CliParser, one_line_on_ctrl_c
 
 EXPERIMENT = "cram"
 CONFIGS = ("arch.yaml", "train.yaml", "result.json")
@@ -105,9 +105,9 @@ def _record(uri: str, checkpoint: Path) -> str:
     return run_id
 
 
+@one_line_on_ctrl_c
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m search.record",
-                                     description="Record a finished trainer.cram run in MLflow.")
+    parser = CliParser(prog="python -m search.record", description="Record a finished trainer.cram run in MLflow.")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run's directory (trainer.cram's --out), e.g. runs/<name>")
     parser.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     args = parser.parse_args(argv)
