@@ -71,8 +71,8 @@ def confirmed_best(tracker: StudyTracker, objective: Objective) -> Confirmed | N
     """The configuration `search.confirm` found best by its mean over seeds, under the budget of
     the latest confirmation run (runs under other budgets answer another question), set against
     each baseline trained under that budget, seed by seed: the report's statistics
-    (`dashboards.analysis`). None when no confirmation has a complete seed."""
-    from dashboards import analysis  # pandas and scipy: only for a study that has confirmations
+    (`search.run_frames`). None when no confirmation has a complete seed."""
+    from search import run_frames as analysis  # pandas and scipy: only for a study that has confirmations
 
     confirmations = analysis.prepare(tracker.confirmation_table())
     if confirmations.empty or "params.budget" not in confirmations:

@@ -20,6 +20,7 @@ import pytest
 
 import trainer.corpus as corpus_module
 import trainer.data as data_module
+import trainer.data_cli as data_cli
 from trainer.budget import Budget
 from trainer.corpus import GPU_HUB_CONFIG, GPU_HUB_CORPUS, CorpusSource
 from trainer.data import prepare_data, tokens_to_prepare
@@ -150,11 +151,11 @@ def test_parallel_tokenisation_gives_the_ids_of_serial(corpus_dir, tmp_path):
 def test_data_cli_max_tokens(corpus_dir, tmp_path, capsys):
     argv = ["--data", str(corpus_dir), "--vocab-size", str(VOCAB), "--seq-len", str(SEQ),
             "--cache-dir", str(tmp_path / "cache")]
-    data_module.main([*argv, "--max-tokens", "3.2e2"])
+    data_cli.main([*argv, "--max-tokens", "3.2e2"])
     out = capsys.readouterr().out
     assert "20 sequences x 16 tokens" in out and "stopped at max_tokens=320" in out
     for bad in ("0", "1.5", "lots"):
         with pytest.raises(SystemExit) as exit_info:
-            data_module.main([*argv, "--max-tokens", bad])
+            data_cli.main([*argv, "--max-tokens", bad])
         assert exit_info.value.code == 2
         assert "--max-tokens" in capsys.readouterr().err

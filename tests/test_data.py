@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import trainer.corpus as corpus_module
-import trainer.data as data_module
+import trainer.data_cli as data_cli
 import trainer.packing as packing_module
 import trainer.tokenizer as tokenizer_module
 from trainer.corpus import CorpusSource, DataError
@@ -212,7 +212,7 @@ def test_prepared_data_carries_its_floor_and_an_old_cache_gains_it(toy_data, toy
 
 
 def test_data_cli_prints_the_floor(toy_data, toy_data_dir, toy_cache, capsys):
-    data_module.main(["--data", str(toy_data_dir), "--vocab-size", str(VOCAB), "--seq-len", "32",
+    data_cli.main(["--data", str(toy_data_dir), "--vocab-size", str(VOCAB), "--seq-len", "32",
                       "--cache-dir", str(toy_cache)])
     printed = capsys.readouterr().out
     assert f"fingerprint  {toy_data.fingerprint}  (cache hit)" in printed

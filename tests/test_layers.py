@@ -9,8 +9,9 @@ the upper one (a trainer that can only record its run with search installed is n
 Inside a package, the modules' imports must form no cycle, function-level ones included: a lazy
 import hides a cycle from the interpreter but not from the reader, the modules still cannot be
 understood, tested or moved apart, and the first call decides which half sees the other half-built.
-Only imports under `if TYPE_CHECKING:` are exempt from this rule (they never run; annotations are
-strings under `from __future__ import annotations`).
+Only imports under `if TYPE_CHECKING:` (they never run; annotations are strings under `from
+__future__ import annotations`) and under `if __name__ == "__main__":` (the module run as a
+program, which no import does) are exempt from this rule.
 
 `benchmarks/` and `tests/` sit above every layer and are not checked.
 """
@@ -44,10 +45,16 @@ def _is_type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def _is_main(test: ast.expr) -> bool:
+    """`__name__ == "__main__"`: a block that runs only when the module is the program itself."""
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+            and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators))
+
+
 def imports(path: Path, known: set[str]) -> list[tuple[str, int, bool]]:
     """(imported module, line, runs) for every import in `path`, `runs` False under `if
-    TYPE_CHECKING:`. `from a import b` names `a.b` when that is one of the `known` modules (a
-    submodule), else `a`."""
+    TYPE_CHECKING:` and under `if __name__ == "__main__":` (a program's entry, which no import
+    runs). `from a import b` names `a.b` when that is one of the `known` modules (a submodule), else `a`."""
     module = _module_name(path)
     is_package = path.name == "__init__.py"
     found: list[tuple[str, int, bool]] = []
@@ -65,8 +72,9 @@ def imports(path: Path, known: set[str]) -> list[tuple[str, int, bool]]:
             for child in children:
                 if not isinstance(child, ast.AST):
                     continue
-                type_checking = isinstance(node, ast.If) and child_field == "body" and _is_type_checking(node.test)
-                visit(child, runs and not type_checking)
+                exempt = isinstance(node, ast.If) and child_field == "body" and (
+                    _is_type_checking(node.test) or _is_main(node.test))
+                visit(child, runs and not exempt)
 
     visit(ast.parse(path.read_text(), str(path)), True)
     return found

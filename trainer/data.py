@@ -378,13 +378,7 @@ def _timed(timings: dict[str, float], step: str) -> Iterator[None]:
     timings[step] = round(time.perf_counter() - start, 2)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python -m trainer.data`, whose command line is trainer/data_cli.py's (kept out of this module
-    to keep it about the data)."""
-    from trainer.data_cli import main as data_cli  # here: trainer.data_cli imports this module
+if __name__ == "__main__":  # `python -m trainer.data`: the command line is trainer/data_cli.py's
+    from trainer.data_cli import main
 
-    data_cli(argv)
-
-
-if __name__ == "__main__":
     raise SystemExit(main())
