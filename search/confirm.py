@@ -47,6 +47,7 @@ from search.states import COMPLETE, FAILED
 from space.errors import CramnasError, UsageError
 from trainer.console import VERBOSE_HELP, CliParser, count, floor_gap, one_line_on_ctrl_c, quiet_libraries
 from trainer.data_flags import add_data_arguments
+from trainer.regimes import regime_of
 
 if TYPE_CHECKING:  # imported for real only once the flags are checked
     from mlflow.entities import Run
@@ -313,7 +314,8 @@ def confirm_one(plan: ConfirmPlan, candidate: Candidate, index: int, seed: int) 
     # An mlm study ranks by the validation loss itself: said once.
     loss = "" if metric == "validation_loss" else f"validation loss {metrics['validation_loss']:.4f}, "
     print(f"{label}: {metric} {metrics[metric]:.4f} in {time.perf_counter() - started:.1f} s; {loss}"
-          f"{floor_gap(metrics['nats_below_unigram'], 4)} the unigram floor {metrics['unigram_floor']:.4f}")
+          f"{floor_gap(metrics['nats_below_floor'], 4)} the corruption floor {metrics['corruption_floor']:.4f}, "
+          f"regime {regime_of(metrics)}")
     return SeedOutcome(candidate, seed, run_id, COMPLETE, metrics[metric])
 
 

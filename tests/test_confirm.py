@@ -73,7 +73,9 @@ def test_top_k_crammed_with_new_seeds_once(confirm, capsys):
         assert params["budget"] == BUDGET and params["arch.position"] == trials[trial][0]["position"]
         for name in ("validation_loss", "tokens", "tokens_per_s", "params", "flops_per_token", "seconds"):
             assert math.isfinite(metrics[name]) and metrics[name] > 0, name
-        assert 2900 <= metrics["tokens"] <= 3600  # the confirmation budget, not the study's 2e4 tokens
+        # The confirmation budget, not the study's 2e4 tokens: 3e3 in whole micro-batches of 8 x 64
+        # (trainer.loop drops a last one the budget would cut short).
+        assert 3000 - 8 * 64 < metrics["tokens"] <= 3000
         assert metrics["unigram_floor"] > 0  # every confirmation says how far above counting tokens it is
         assert metrics["nats_below_unigram"] == pytest.approx(metrics["unigram_floor"] - metrics["validation_loss"])
     assert seen == {(t, s) for t in (0, 1) for s in SEEDS}
@@ -82,7 +84,8 @@ def test_top_k_crammed_with_new_seeds_once(confirm, capsys):
                if r.data.tags["cramnas.original_trial"] == "1"}
     assert by_seed[SEEDS[0]] != by_seed[SEEDS[1]]
     assert "confirmed (95% CI)" in out and " ± " in out and "4 complete now" in out
-    assert len(re.findall(r" nats (below|above) the unigram floor ", out)) == 4
+    assert len(re.findall(r" nats (below|above) the corruption floor [\d.]+, regime (plateau|neighbours|beyond-ngrams)",
+                          out)) == 4
 
     # The same command again: nothing is crammed or added.
     assert confirm("s", "--top", "2", "--seeds", "2") == 0
