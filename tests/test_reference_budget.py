@@ -187,10 +187,10 @@ def test_cram_trains_a_reference_budget_as_its_flops(wiki_slice, tmp_path, monke
     train = TrainConfig(batch_size=32, micro_batch=8, seed=3)
     reference = write_reference(tmp_path / "reference.yaml", elementwise_flop=1e-10, token=1e-6)
     monkeypatch.setattr(budget_module, "reference_core", lambda: reference)
-    rows = 20.5  # half a row over 20: the loop stops at 20 whatever the last bit of rounding
+    rows = 24.5  # half a row over 3 micro-batches of 8: the loop trains those 24 rows and drops the rest
     seconds = rows * SLICE_SEQ * reference.seconds_per_token(arch, train.mlm_rate)
     result = cram(arch, train, wiki_slice, Budget.parse(f"{seconds!r}refs"))
-    assert result.tokens == 20 * SLICE_SEQ and result.budget == f"{seconds!r}refs"
+    assert result.tokens == 24 * SLICE_SEQ and result.budget == f"{seconds!r}refs"
 
 
 # ---- the fit (benchmarks/reference_core.py), on synthetic measurements ---------------------------
