@@ -94,8 +94,10 @@ def run_trial(config: dict[str, Any], shipped: ShippedData | None = None) -> Non
     """Ray Tune function trainable. `config` is the `TrialSpec.to_dict()` `CramnasSearcher.suggest`
     returned; `shipped`, the driver's data on a cluster (None: every trial shares the driver's cache)."""
     spec = TrialSpec.from_dict(config)
-    # Before anything compiles; the CPUs are those Ray reserved for this trial.
-    use_compile_env(compile_env(ray.get_runtime_context().get_assigned_resources().get("CPU"), spec.cache_dir))
+    # Before anything compiles; the CPUs are those Ray reserved for this trial (outside a Ray worker,
+    # as when a test calls this, asking would start a Ray instance: no count then).
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU") if ray.is_initialized() else None
+    use_compile_env(compile_env(cpus, spec.cache_dir))
     if spec.repeat_of is not None:  # dedupe: this architecture was trained already
         tune.report(TrialReport.repeat(spec.recorded).to_tune())
         return
