@@ -137,12 +137,15 @@ class Crams:
     def run(self, wanted: list[tuple[str, dict, dict, float, int]]) -> None:
         """Cram every (name, arch, train, multiple, seed) not done yet."""
         threads = max(1, (os.cpu_count() or 1) // self.jobs)
-        jobs = [{"key": self.key(name, multiple, seed), "name": name, "arch": arch, "train": {**train, "seed": seed},
-                 "budget": f"{self.budget.amount * multiple:g}{UNIT[self.budget.kind]}", "data": self.data,
-                 "cache_dir": self.cache_dir, "threads": threads}
-                for name, arch, train, multiple, seed in wanted if self.key(name, multiple, seed) not in self.done]
+        jobs = {self.key(name, multiple, seed): {  # keyed: a cram asked for twice runs once
+            "key": self.key(name, multiple, seed), "name": name, "arch": arch, "train": {**train, "seed": seed},
+            "budget": f"{self.budget.amount * multiple:g}{UNIT[self.budget.kind]}", "data": self.data,
+            "cache_dir": self.cache_dir, "threads": threads}
+            for name, arch, train, multiple, seed in wanted if self.key(name, multiple, seed) not in self.done}
+        jobs = list(jobs.values())
         jobs.sort(key=lambda job: -Budget.parse(job["budget"]).amount)  # longest first: the pool ends evenly
-        print(f"{len(jobs)} crams to run, {len(wanted) - len(jobs)} done before", flush=True)
+        print(f"{len(jobs)} crams to run, {len({self.key(n, m, s) for n, _, _, m, s in wanted}) - len(jobs)} done before",
+              flush=True)
         with concurrent.futures.ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             for finished in concurrent.futures.as_completed([pool.submit(cram_job, job) for job in jobs]):
                 row = finished.result()
