@@ -48,3 +48,16 @@ def test_host_overhead_prints_before_and_after():
     assert lines[0].startswith("device=cpu") and "config=crammed-bert-cpu" in lines[0]
     for line, kind in zip(lines[1:], ("before", "after")):
         assert line.split(":")[0].strip() == kind and "forward/backward" in line and "outside it" in line
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_clock_overhead_prints_before_and_after():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "clock_overhead.py"), "--repeats", "2"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("device=cpu") and "config=crammed-bert-cpu" in lines[0]
+    for line, name in zip(lines[1:], ("masking", "snapshot")):
+        assert line.split()[0] == name and " before " in line and " after " in line and "in the clock now" in line
+    assert lines[2].endswith("in the clock now 0.000 ms")  # the loop stops its clock around a snapshot
