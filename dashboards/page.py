@@ -107,3 +107,18 @@ def figure_html(fig: go.Figure, height: int = 420) -> str:
                       font={"size": 13}, legend={"orientation": "h", "y": -0.18})
     # plotly.js is in the page head once; every figure reuses it.
     return fig.to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False, "responsive": True})
+
+
+def readable_range(values: pd.Series) -> dict:
+    """Axis settings for `values` whose span is next to nothing (one point, or all alike): plotly
+    would stretch it over the axis and tick it 19.587k, 19.5875k, 19.588k. Such an axis spans 5%
+    either side of the values instead (1 either side of 0), so its ticks are round numbers."""
+    finite = values.astype(float)[values.astype(float).map(math.isfinite)]
+    if finite.empty:
+        return {}
+    low, high = float(finite.min()), float(finite.max())
+    centre = (low + high) / 2
+    pad = abs(centre) * 0.05 or 1.0
+    if high - low >= pad / 5:  # a spread of at least 1% of the value: plotly's own range reads well
+        return {}
+    return {"range": [centre - pad, centre + pad]}

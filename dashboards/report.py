@@ -27,7 +27,7 @@ from dashboards import analysis
 from dashboards.analysis import BELOW_CORRUPTION, BELOW_FLOOR, LOSS, Score
 from dashboards.data import StudyData, load_study
 from dashboards.importance import MIN_TRIALS, param_importance
-from dashboards.page import CSS, esc, figure_html, human, interval, link, num, plural, table
+from dashboards.page import CSS, esc, figure_html, human, interval, link, num, plural, readable_range, table
 from dashboards.ui import DEFAULT_PORT, LOOPBACK, run_url, runs_url
 from search import attrs
 from search.next_steps import BASELINES, StudyFlags, report_path
@@ -50,21 +50,6 @@ def architecture(row) -> str:
         return ArchConfig.from_dict(arch).describe() if arch else "?"
     except ArchError as error:  # an impossible architecture (its trial failed), or a field this version lacks
         return f"invalid: {error}"
-
-
-def readable_range(values: pd.Series) -> dict:
-    """Axis settings for `values` whose span is next to nothing (one point, or all alike): plotly
-    would stretch it over the axis and tick it 19.587k, 19.5875k, 19.588k. Such an axis spans 5%
-    either side of the values instead (1 either side of 0), so its ticks are round numbers."""
-    finite = values.astype(float)[np.isfinite(values.astype(float))]
-    if finite.empty:
-        return {}
-    low, high = float(finite.min()), float(finite.max())
-    centre = (low + high) / 2
-    pad = abs(centre) * 0.05 or 1.0
-    if high - low >= pad / 5:  # a spread of at least 1% of the value: plotly's own range reads well
-        return {}
-    return {"range": [centre - pad, centre + pad]}
 
 
 def axis_title(score: Score) -> str:
@@ -367,6 +352,11 @@ SECTIONS = (  # id, heading, one sentence of what it shows, method
 )
 
 
+# The references of a study's header (trainer/references.py): label, study setting.
+REFERENCES = (("corruption floor", "corruption_floor"), ("two-neighbour count model", "context_reference"),
+              ("unigram floor", "unigram_floor"))
+
+
 def render(data: StudyData, ui_url: str = f"http://{LOOPBACK}:{DEFAULT_PORT}", top: int = TOP_K,
            storage: str | None = None) -> str:
     """The report as one HTML document (plotly.js inline)."""
@@ -375,10 +365,7 @@ def render(data: StudyData, ui_url: str = f"http://{LOOPBACK}:{DEFAULT_PORT}", t
     facts = {"controller": data.controller, "objective": data.setting(attrs.OBJECTIVE) or "unknown",
              "budget per trial": data.setting(attrs.BUDGET) or "unknown",
              # The references every loss is read against (trainer/references.py); older studies lack them.
-             **{label: f"{float(value):.3f} nats" if (value := data.setting(key)) else "n/a"
-                for label, key in (("corruption floor", "corruption_floor"), ("two-neighbour count model",
-                                                                                "context_reference"),
-                                   ("unigram floor", "unigram_floor"))},
+             **{label: f"{float(value):.3f} nats" if (value := data.setting(key)) else "n/a" for label, key in REFERENCES},
              "trials": ", ".join(f"{counts[s]} {s}" for s in STATES if s in counts) or "none",
              "ranked by": axis_title(data.score)}
     head = (f"<header><h1>Study {esc(data.name)}</h1>"
