@@ -7,6 +7,7 @@ and `tests/dashboard_study.py` (a synthetic study written straight to the stores
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -159,3 +160,18 @@ class CountingBackend:
         if self.on_compile is not None:
             self.on_compile()
         return graph_module.forward
+
+
+class Watch:
+    """An instrument that records only inside `with watch.watching():` (its `active` flag): the calls
+    of one stretch of a run, not of its set-up."""
+
+    active = False
+
+    @contextlib.contextmanager
+    def watching(self):
+        self.active = True
+        try:
+            yield
+        finally:
+            self.active = False

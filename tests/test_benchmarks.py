@@ -38,13 +38,18 @@ def test_model_throughput_prints_the_ratio_line():
     assert float(last[3].split("=")[1]) > 0
 
 
+def benchmark_lines(script: str, *args: str) -> list[str]:
+    """What `benchmarks/<script> args` prints, line by line, once it has exited 0."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()
+
+
 @pytest.mark.slow
 @pytest.mark.subprocess
 def test_host_overhead_prints_before_and_after():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "host_overhead.py"), "--steps", "2"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.strip().splitlines()
+    lines = benchmark_lines("host_overhead.py", "--steps", "2")
     assert lines[0].startswith("device=cpu") and "config=crammed-bert-cpu" in lines[0]
     for line, kind in zip(lines[1:], ("before", "after")):
         assert line.split(":")[0].strip() == kind and "forward/backward" in line and "outside it" in line
@@ -53,10 +58,7 @@ def test_host_overhead_prints_before_and_after():
 @pytest.mark.slow
 @pytest.mark.subprocess
 def test_clock_overhead_prints_before_and_after():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "clock_overhead.py"), "--repeats", "2"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.strip().splitlines()
+    lines = benchmark_lines("clock_overhead.py", "--repeats", "2")
     assert lines[0].startswith("device=cpu") and "config=crammed-bert-cpu" in lines[0]
     for line, name in zip(lines[1:], ("masking", "snapshot")):
         assert line.split()[0] == name and " before " in line and " after " in line and "in the clock now" in line

@@ -9,13 +9,12 @@ no first allocation of AdamW's state inside the clock.
 from __future__ import annotations
 
 import collections
-import contextlib
 
 import pytest
 import torch
 
 from space.arch import ArchConfig
-from tests.helpers import SLICE_SEQ, SLICE_VOCAB, FakeTime
+from tests.helpers import SLICE_SEQ, SLICE_VOCAB, FakeTime, Watch
 from trainer import loop
 from trainer.budget import Budget
 from trainer.config import TrainConfig
@@ -28,7 +27,7 @@ MICRO = 4
 TRAIN = TrainConfig(batch_size=2 * MICRO, micro_batch=MICRO, seed=2, snapshot_every=2, report_every=0.25)
 
 
-class Transfers:
+class Transfers(Watch):
     """Records, while `active`, each read of a tensor back to the host (`item`, `tolist`, `cpu`,
     `to("cpu")`) and each tensor built from Python data (`torch.tensor`, `torch.as_tensor`), with the
     optimizer step it happened in (`trainer.state.steps`)."""
@@ -60,14 +59,6 @@ class Transfers:
                 into.append((self.trainer.state.steps, name))
             return function(*args, **kwargs)
         return wrapper
-
-    @contextlib.contextmanager
-    def watching(self):
-        self.active = True
-        try:
-            yield
-        finally:
-            self.active = False
 
 
 def test_an_optimizer_step_reads_the_device_once_and_builds_no_tensor_from_python_data(wiki_slice, monkeypatch):

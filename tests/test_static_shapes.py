@@ -7,13 +7,11 @@ and a micro-step never waits for the device.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 from space.arch import ArchConfig
-from tests.helpers import SLICE_SEQ, SLICE_VOCAB, CountingBackend
+from tests.helpers import SLICE_SEQ, SLICE_VOCAB, CountingBackend, Watch
 from trainer import loop
 from trainer.budget import Budget
 from trainer.config import TrainConfig
@@ -111,7 +109,7 @@ def test_a_compiled_cram_compiles_before_its_budget_and_never_inside_it(wiki_sli
     assert backend.graphs >= 1 and graphs_at_start and set(graphs_at_start) == {backend.graphs}
 
 
-class HostReads:
+class HostReads(Watch):
     """Counts what makes the host wait for the device, while `active`: reading a tensor's value
     (`item`, `float`, `bool`, `tolist`) and indexing by a boolean tensor (a hidden `nonzero`)."""
 
@@ -137,14 +135,6 @@ class HostReads:
                 self.seen.append(name)
             return method(tensor, *args, **kwargs)
         return counted
-
-    @contextlib.contextmanager
-    def watching(self):
-        self.active = True
-        try:
-            yield
-        finally:
-            self.active = False
 
 
 def test_a_micro_step_never_waits_for_the_device(wiki_slice, monkeypatch):
