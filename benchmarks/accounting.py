@@ -117,7 +117,11 @@ def study_winner(storage: str, study_name: str) -> tuple[dict, dict, str]:
     from search.objectives import OBJECTIVES
 
     study = optuna.load_study(study_name=study_name, storage=storage)
-    best = ranked_trials(study, OBJECTIVES["mlm"])[0]  # the study keeps the trials' training settings and budget
+    ranked = ranked_trials(study, OBJECTIVES["mlm"])
+    if not ranked:
+        raise SystemExit(f"error: --study {study_name}: no complete trial with a validation loss yet; "
+                         "let it run on, or pass --winner CONFIG")
+    best = ranked[0]  # the study keeps the trials' training settings and budget
     return best.user_attrs["arch"], study.user_attrs["train"], study.user_attrs["budget"]
 
 
