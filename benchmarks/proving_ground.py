@@ -176,6 +176,9 @@ def main() -> None:
     parser.add_argument("--long-budget", help="the confirmation budget (default: --long-factor x the trials')")
     parser.add_argument("--baselines", default=BASELINES)
     parser.add_argument("--seed", type=int, default=0, help="the studies' controller seed")
+    parser.add_argument("--no-probe", action="store_true",
+                        help="studies without the GLUE probe (ranked by MLM loss; the probe separates nothing at CPU "
+                             "scale, benchmarks/RESULTS.md): confirmations follow their study")
     args = parser.parse_args()
 
     out = Path(args.out).resolve()
@@ -193,7 +196,8 @@ def main() -> None:
         stages.run(f"search-{controller}", [python + ["search.run", "--trials", str(args.trials), "--controller", controller,
                                                       "--study", study, "--profile", args.profile, "--budget", budget.text,
                                                       "--data", args.data,
-                                                      "--seed", str(args.seed), "--tracking-uri", uri, *resume]], env)
+                                                      "--seed", str(args.seed), "--tracking-uri", uri,
+                                                      *(["--no-probe"] if args.no_probe else []), *resume]], env)
     confirm = ["search.confirm", "--seeds", str(args.seeds), "--budget", long, "--data", args.data,
                "--tracking-uri", uri]
     # Three processes of one thread each share the cores: both studies' confirmations and the
