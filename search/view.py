@@ -26,8 +26,9 @@ from space.arch import ArchConfig
 from trainer.console import duration, eta, floor_gap, is_terminal
 from trainer.regimes import regime_of
 
-# The final table fits a 120-column terminal or log (the architecture column wraps, not the headers).
-TABLE_WIDTH = 120
+# A log's width (a terminal's is its own): the final table's full MLflow run ids and an architecture
+# such as "3x112/2h geglu pre-norm rotary window 16/global every 3" fit on one line each.
+TABLE_WIDTH = 160
 
 
 def floor_text(floor: float | None) -> str:
@@ -156,7 +157,7 @@ class StudyView:
     def final_table(self, top: int = 5) -> None:
         key = self.plan.objective.rank_metric
         trials = ranked_trials(self.study, self.plan.objective)
-        # No vertical rules and single padding: the room they took is the architecture's, in 120 columns.
+        # No vertical rules and single padding: the room they took is the architecture's.
         table = Table(title=f"top {min(top, len(trials))} of study {self.plan.study} by {key}", box=box.SIMPLE_HEAD,
                       collapse_padding=True, pad_edge=False)
         columns = ["trial", key, "val MLM", "vs corruption floor", "regime", "tokens/s", "params", "architecture",

@@ -61,6 +61,7 @@ def test_the_live_view_and_the_final_table_show_the_floor(study, capsys):
     assert "vs corruption floor" in printed and f"unigram floor {UNIGRAM_FLOOR:.3f} nats" in printed
     row = next(line for line in printed.splitlines() if best.run_id in line)
     assert f"{best.metrics['validation_loss']:.4f}" in row and floor_gap(best.metrics["nats_below_unigram"], unit="") in row
+    assert ArchConfig.from_dict(best.arch).describe() in row  # a log's table keeps each architecture on one line
 
 
 def test_a_trial_with_the_references_is_read_against_the_corruption_floor_and_its_regime(study):
