@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from fidelity import correlation
 
 from search.params import params_under
 from search.run import CONFIGS, PROFILES, load_profile
@@ -117,17 +118,29 @@ def paired(a: pd.DataFrame, b: pd.DataFrame, metric: str) -> str:
     return f"{mean:+.3f} ± {half:.3f} ({verdict}, n={len(differences)})"
 
 
+def transfer(pairs: list[tuple[float, float]]) -> str:
+    """Whether the trial budget ranks the confirmed candidates as the confirmation budget does: the
+    Spearman correlation of (trial loss, confirmed mean loss) with its bootstrap 95% interval."""
+    if len(pairs) < 3:
+        return f"Transfer from the trial budget to the confirmation budget: {len(pairs)} candidates, too few to rank."
+    rho, low, high = correlation(*map(list, zip(*pairs)), "spearman")
+    return (f"Transfer from the trial budget to the confirmation budget: Spearman {rho:.2f} (95% bootstrap interval "
+            f"{low:.2f} to {high:.2f}) over the {len(pairs)} confirmed candidates, each trial's loss (one seed) against "
+            "its confirmed mean.")
+
+
 def table(uri: str, studies: dict[str, str], baselines_in: str) -> str:
     """The markdown table of the experiment, read back from MLflow."""
     from search.tracking import StudyTracker
 
-    rows, best = [], {}
+    rows, best, pairs_1x = [], {}, []
     for label, study in studies.items():
         tracker = StudyTracker(uri, study)
         trials = tracker.trial_table().set_index("run_id")
         for run_id, seeds in per_seed(tracker.confirmation_table(), "tags.cramnas.confirmation_of").items():
             trial = int(trials.loc[run_id, "trial"])
             rows.append((f"{label} trial {trial}", seeds, describe(params_under(trials.loc[run_id].to_dict(), "arch"))))
+            pairs_1x.append((float(trials.loc[run_id, "metrics.validation_loss"]), float(seeds["validation_loss"].mean())))
             if label not in best or seeds["validation_loss"].mean() < best[label][1]["validation_loss"].mean():
                 best[label] = (f"{label} trial {trial}", seeds)
     tracker = StudyTracker(uri, baselines_in)
@@ -160,6 +173,7 @@ def table(uri: str, studies: dict[str, str], baselines_in: str) -> str:
     for (name_a, a), (name_b, b) in pairs:
         lines.append(f"| {name_a} vs {name_b} | {paired(a, b, 'validation_loss')} | "
                      f"{paired(a, b, 'nats_below_floor')} |")
+    lines += ["", transfer(pairs_1x)]
     return "\n".join(lines)
 
 

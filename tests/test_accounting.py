@@ -36,3 +36,12 @@ def test_split_win_into_size_and_design():
     assert parts["size"] == pytest.approx(0.75) and parts["design"] == pytest.approx(1.25)
     # the baseline's size costs 1.0 under the baseline's design, 0.5 under the winner's
     assert parts["interaction"] == pytest.approx(0.5)
+
+
+def test_the_proving_ground_reads_the_transfer_of_ranks_from_trial_to_confirmation():
+    proving_ground = importlib.import_module("proving_ground")
+    same_order = [(5.0, 4.0), (5.5, 4.6), (6.0, 5.1), (6.5, 5.3)]
+    assert "Spearman 1.00" in proving_ground.transfer(same_order)
+    reversed_order = [(trial, -confirmed) for trial, confirmed in same_order]
+    assert "Spearman -1.00" in proving_ground.transfer(reversed_order)
+    assert "too few to rank" in proving_ground.transfer(same_order[:2])
