@@ -162,6 +162,10 @@ class Crams:
     def losses(self, name: str, multiple: float, seeds=SEEDS) -> list[float]:
         return [self.done[k]["validation_loss"] for s in seeds if (k := self.key(name, multiple, s)) in self.done]
 
+    def seconds(self, name: str, multiple: float, seeds=SEEDS) -> list[float]:
+        """Each run's training wall time (the loop's clock: no data preparation or validation)."""
+        return [self.done[k]["seconds"] for s in seeds if (k := self.key(name, multiple, s)) in self.done]
+
     def any(self, name: str) -> dict:
         return next(row for row in self.done.values() if row["name"] == name)
 
@@ -237,13 +241,14 @@ def main() -> None:
 
 def core_table(crams: Crams, configs: dict) -> list[str]:
     reference = crams.any("winner")
-    rows = ["| configuration | architecture | params | validation loss (95% CI) | regime | tokens |", "|---|---|---|---|---|---|"]
+    rows = ["| configuration | architecture | params | validation loss (95% CI) | regime | tokens | seconds per run |",
+            "|---|---|---|---|---|---|---|"]
     for name in sorted(configs, key=lambda n: statistics.mean(crams.losses(n, 1))):
         row = crams.any(name)
         losses = crams.losses(name, 1)
         where = regime(statistics.mean(losses), row["corruption_floor"], row["context_reference"])
         rows.append(f"| {name} | {ArchConfig.from_dict(configs[name][0]).describe()} | {row['params'] / 1e6:.2f}M | "
-                    f"{interval_text(losses)} | {where} | {row['tokens']:,} |")
+                    f"{interval_text(losses)} | {where} | {row['tokens']:,} | {statistics.mean(crams.seconds(name, 1)):.0f} |")
     return ["## 1x, 3 seeds", "", f"corruption floor {reference['corruption_floor']:.3f}, two-neighbour count model "
             f"{reference['context_reference']:.3f}, unigram floor {reference['unigram_floor']:.3f}", "", *rows, ""]
 
@@ -269,11 +274,12 @@ def ladder_tables(crams: Crams, ladder: list[str], budget: Budget, search: dict 
     longest = multiples[-1]
     names = ["winner", *ladder]
     points = sorted({1, 4, longest})
-    lines += ["## Longer budgets (seed 0)", "", "| | " + " | ".join(f"{m}x" for m in points) + " |",
-              "|---|" + "---|" * len(points)]
+    lines += ["## Longer budgets (seed 0: validation loss, training seconds)", "",
+              "| | " + " | ".join(f"{m}x" for m in points) + " |", "|---|" + "---|" * len(points)]
     at = {name: [crams.losses(name, m, seeds=(0,))[0] for m in points] for name in names}
     for name in names:
-        lines.append(f"| {name} | " + " | ".join(f"{loss:.3f}" for loss in at[name]) + " |")
+        seconds = [crams.seconds(name, m, seeds=(0,))[0] for m in points]
+        lines.append(f"| {name} | " + " | ".join(f"{loss:.3f} ({s:.0f} s)" for loss, s in zip(at[name], seconds)) + " |")
     best = min(ladder, key=lambda name: at[name][0])
     leads = " | ".join(f"{b - w:+.3f}" for w, b in zip(at["winner"], at[best]))
     lines.append(f"| lead of the winner over {best} | {leads} |")
