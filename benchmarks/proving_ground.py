@@ -12,11 +12,13 @@ Stages, each the command a user would type (their output goes to `<out>/<stage>.
    side, one thread each;
 4. `dashboards.report` of the TPE study (its "search vs hand design" section);
 5. `benchmarks/accounting.py` of the TPE study's winner against the baselines of today (all but
-   bert-original-cpu): compute-equivalent multiple, payback, longer budgets, size or design;
+   bert-original-cpu): compute-equivalent multiple over the ladder `--multiples`, payback, longer
+   budgets, size or design (its tables in `<out>/accounting/accounting.md`);
 6. the table: per configuration, mean validation loss, nats below the corruption floor and probe
    average with 95% Student-t intervals over the seeds, its regime, tokens/s and params; the search winner
    against each baseline and TPE's best against random's best as paired per-seed differences with
-   95% intervals. Written to `<out>/proving_ground.md` and printed.
+   95% intervals; and whether the trial budget ranks the confirmed candidates as the confirmation
+   budget does (Spearman with its bootstrap interval). Written to `<out>/proving_ground.md` and printed.
 Both studies and all confirmations share one MLflow store, `<out>/mlflow.db`. `<out>/state.json`
 keeps each finished stage and its wall time: running the command again skips finished stages and
 resumes an interrupted one (`search.run --resume`; `search.confirm` skips finished runs).
@@ -190,6 +192,8 @@ def main() -> None:
     parser.add_argument("--long-budget", help="the confirmation budget (default: --long-factor x the trials')")
     parser.add_argument("--baselines", default=BASELINES)
     parser.add_argument("--seed", type=int, default=0, help="the studies' controller seed")
+    parser.add_argument("--multiples", default="1,2,4,8,16",
+                        help="the accounting's compute ladder, in trial budgets (benchmarks/accounting.py --multiples)")
     parser.add_argument("--no-probe", action="store_true",
                         help="studies without the GLUE probe (ranked by MLM loss; the probe separates nothing at CPU "
                              "scale, benchmarks/RESULTS.md): confirmations follow their study")
@@ -228,7 +232,8 @@ def main() -> None:
     modern = ",".join(name for name in args.baselines.split(",") if name != "bert-original-cpu")
     stages.run("accounting", [[sys.executable, str(Path(__file__).parent / "accounting.py"), "--data", args.data,
                                "--study", studies["TPE"], "--storage", f"sqlite:///{out / 'optuna.db'}",
-                               "--baselines", modern, "--budget", budget.text, "--out", str(out / "accounting")]], env)
+                               "--baselines", modern, "--budget", budget.text, "--multiples", args.multiples,
+                               "--out", str(out / "accounting")]], env)
     markdown = table(uri, studies, studies["TPE"])
     walls = ", ".join(f"{name} {entry['seconds'] / 60:.1f} min" for name, entry in stages.state.items())
     text = (f"Trial budget {budget.text}, confirmation budget {long}, {args.trials} trials per study, top {args.top} "
