@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from accounting import LADDER
 from fidelity import correlation
 
 from search.params import params_under
@@ -192,7 +193,7 @@ def main() -> None:
     parser.add_argument("--long-budget", help="the confirmation budget (default: --long-factor x the trials')")
     parser.add_argument("--baselines", default=BASELINES)
     parser.add_argument("--seed", type=int, default=0, help="the studies' controller seed")
-    parser.add_argument("--multiples", default="1,2,4,8,16",
+    parser.add_argument("--multiples", default=",".join(map(str, LADDER)),
                         help="the accounting's compute ladder, in trial budgets (benchmarks/accounting.py --multiples)")
     parser.add_argument("--no-probe", action="store_true",
                         help="studies without the GLUE probe (ranked by MLM loss; the probe separates nothing at CPU "
