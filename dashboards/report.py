@@ -30,11 +30,13 @@ from dashboards.importance import MIN_TRIALS, param_importance
 from dashboards.page import CSS, esc, figure_html, human, interval, link, num, plural, readable_range, table
 from dashboards.ui import DEFAULT_PORT, LOOPBACK, run_url, runs_url
 from search import attrs
+from search import tags as tag
 from search.next_steps import BASELINES, StudyFlags, report_path
 from search.params import params_under
 from search.retry import first_line
 from search.states import COMPLETE, FAILED, PRUNED, STATES
 from search.stores import study_storage
+from search.warm_start import COVER
 from space.arch import ArchConfig, ArchError
 from space.errors import CramnasError
 from trainer.console import CliParser, one_line_on_ctrl_c
@@ -50,6 +52,14 @@ def architecture(row) -> str:
         return ArchConfig.from_dict(arch).describe() if arch else "?"
     except ArchError as error:  # an impossible architecture (its trial failed), or a field this version lacks
         return f"invalid: {error}"
+
+
+def first_draw_mark(row) -> str:
+    """` (warm start sized-cpu)` or ` (cover)` for a run of the study's first draw, from its tags."""
+    warm, first = row.get(tag.column(tag.WARM_START)), row.get(tag.column(tag.FIRST_DRAW))
+    if isinstance(warm, str):
+        return f" (warm start {warm})"
+    return f" ({first})" if isinstance(first, str) else ""
 
 
 def axis_title(score: Score) -> str:
@@ -220,7 +230,21 @@ class Report:
         sentence = (f"<p>{plural(int(total['trials']), 'trial')} used {num(total['device_hours'], 3)} device-hours{share} and "
                     f"trained {human(total['tokens'])} tokens.</p>")
         body = [[esc(r.state), str(r.trials), num(r.device_hours, 3), human(r.tokens)] for r in accounts.itertuples()]
-        return sentence + table(["status", "trials", "device-hours", "tokens trained"], body, numeric=(1, 2, 3))
+        return sentence + self.first_draw_sentence() + table(["status", "trials", "device-hours", "tokens trained"], body,
+                                                             numeric=(1, 2, 3))
+
+    def first_draw_sentence(self) -> str:
+        """What the study trained before its controller took over, and what that cost."""
+        marks = self.trials.apply(first_draw_mark, axis=1) if not self.trials.empty else pd.Series(dtype=str)
+        first = self.trials[marks != ""]
+        if first.empty:
+            return ""
+        warm = [m[len(" (warm start "):-1] for m in marks[marks.str.startswith(" (warm start")]]
+        covering = int((marks == f" ({COVER})").sum())
+        parts = ([f"{plural(len(warm), 'warm start')} ({', '.join(warm)})"] if warm else []) + \
+                ([f"a covering design of {plural(covering, 'trial')} (every value of every choice)"] if covering else [])
+        return (f"<p>First draw, before the controller took over: {esc(' and '.join(parts))}; "
+                f"{num(first['spent_s'].sum() / 3600, 3)} device-hours, counted above.</p>")
 
     def top_table(self) -> str:
         rows = analysis.top_k(self.trials, self.score, self.top)
@@ -237,7 +261,8 @@ class Report:
         for rank, (index, r) in enumerate(rows.iterrows(), start=1):
             body.append([str(rank), self.run_link(r["run_id"], r["trial"]), *(num(r[c]) for c in columns),
                          esc(regimes[index] or "n/a"), num(r["metrics.tokens_per_s"]), human(r["metrics.params"]),
-                         esc(architecture(r)), self.run_link(r["run_id"], r.get("run_name", r["run_id"]))])
+                         esc(architecture(r) + first_draw_mark(r)),
+                         self.run_link(r["run_id"], r.get("run_name", r["run_id"]))])
         headers = ["rank", "trial", *labels, "regime", "tokens/s", "params", "architecture", "MLflow run"]
         return table(headers, body, numeric=tuple(range(len(columns) + 2)) + tuple(range(len(columns) + 3, len(columns) + 5)))
 

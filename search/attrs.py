@@ -16,8 +16,13 @@ FAILURE_REASON = "failure_reason"  # why a failed trial failed (controllers.DRIV
 REPEAT_OF = "repeat_of"  # the complete trial that trained this architecture; its metrics are told again
 RERUN_OF = "rerun_of"  # the trial the driver's death cut short that this one trains again
 GENERATION, PARENT_TRIAL, MUTATION = "generation", "parent_trial", "mutation"  # evolution's, set by its sampler
-LINEAGE = (GENERATION, PARENT_TRIAL, MUTATION)  # what a re-run keeps of its original
+# The study's first draw (search.warm_start): a warm start names where it came from (a hand design
+# such as `sized-cpu`, or `study:NAME#7`); a trial of the covering design is `cover`.
+WARM_START = "warm_start"
+FIRST_DRAW = "first_draw"
+LINEAGE = (GENERATION, PARENT_TRIAL, MUTATION, WARM_START, FIRST_DRAW)  # what a re-run keeps of its original
 
 # ---- the study's (search.controllers.open_study, search.study) ----
 CONTROLLER, OBJECTIVE, SPACE, SEED = "controller", "objective", "space", "seed"  # checked again on --resume
 TRAIN, BUDGET = "train", "budget"  # TrainConfig.to_dict() and the budget's text, for search.export
+STARTUP = "startup_trials"  # the first draw's size: the samplers' start-up, read again on --resume

@@ -3,7 +3,8 @@
 Every controller is an Optuna study with a sampler from `CONTROLLERS`, so `--controller` is a dict
 lookup and the study's storage is the one persistent record of the search:
 
-    study = open_study("s1", DEFAULT_STORAGE, "evolution", "probe", space, seed=0, resume=False)
+    study = open_study("s1", DEFAULT_STORAGE, "evolution", "probe", space, seed=0, resume=False,
+                       warm_starts=hand_designs("cpu"), cover=True)   # search.warm_start
     proposal = ask(study, space)                 # a new trial and the ArchConfig it stands for
     if proposal.repeat_of is not None:           # trained before: tell the recorded values
         tell(study, proposal.number, study.trials[proposal.repeat_of].values)
@@ -145,23 +146,21 @@ class RegularizedEvolutionSampler(BaseSampler):
 class Controller:
     """A sampler factory, and whether its sampler handles several objectives."""
 
-    make: Callable[[SearchSpace, int | None], BaseSampler]
+    make: Callable[[SearchSpace, int | None, int | None], BaseSampler]  # (space, seed, start-up trials)
     multi_objective: bool
 
 
-def _tpe(space: SearchSpace, seed: int | None) -> BaseSampler:
+def _tpe(space: SearchSpace, seed: int | None, startup: int | None) -> BaseSampler:
     # Multivariate TPE models the parameters jointly; `group` splits the trials by which labels
     # they drew (`final_norm` vs `final_norm[false]` under post-norm, `heads[...]` subsets), which
-    # plain multivariate TPE cannot, dropping those to independent sampling. On the objective of
-    # benchmarks/controller_efficiency.py (this factory swapped in turn, 30 seeds) it needed 18.5
-    # trials to a top-1% point in the median, against 25 without `group` and 26 for independent
-    # TPE. `group` is still flagged experimental: silence the warning that would open every study.
+    # plain multivariate TPE cannot, dropping those to independent sampling. `group` is still
+    # flagged experimental: silence the warning that would open every study.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, **_startup(startup))
 
 
-def _cmaes(space: SearchSpace, seed: int | None) -> BaseSampler:
+def _cmaes(space: SearchSpace, seed: int | None, startup: int | None) -> BaseSampler:
     numeric = [p.field for p in space.params.values() if p.kind in ("int", "float")]
     categorical = [p.field for p in space.params.values() if p.kind in ("choice", "bool")]
     if categorical:
@@ -169,29 +168,42 @@ def _cmaes(space: SearchSpace, seed: int | None) -> BaseSampler:
         _logger.warning("cmaes: CMA-ES models only the numeric parameters (%s); the %d categorical ones "
                         "are drawn at random by its independent sampler", ", ".join(numeric) or "none",
                         len(categorical))
-    return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+    return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False, **_startup(startup))
 
 
-def _gp(space: SearchSpace, seed: int | None) -> BaseSampler:
+def _gp(space: SearchSpace, seed: int | None, startup: int | None) -> BaseSampler:
     # The GP models the parameters every trial drew; option-filtered labels (see _tpe) fall back to
     # random draws by design, so Optuna's warning for each of them in each trial is noise.
-    return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
+    return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False, **_startup(startup))
+
+
+def _startup(startup: int | None) -> dict[str, int]:
+    """A model-based sampler's start-up trials: the study's first draw when it has one (warm starts
+    and the covering design, `search.warm_start`), else the sampler's own default."""
+    return {} if not startup else {"n_startup_trials": startup}
+
+
+def _population(startup: int | None) -> int:
+    """An evolutionary controller's first generation holds the whole first draw."""
+    return max(POPULATION_SIZE, startup or 0)
 
 
 CONTROLLERS: dict[str, Controller] = {
     "tpe": Controller(_tpe, multi_objective=True),
-    "random": Controller(lambda space, seed: optuna.samplers.RandomSampler(seed=seed), multi_objective=True),
-    "nsga2": Controller(lambda space, seed: optuna.samplers.NSGAIISampler(population_size=POPULATION_SIZE,
-                                                                          seed=seed), multi_objective=True),
+    "random": Controller(lambda space, seed, startup: optuna.samplers.RandomSampler(seed=seed), multi_objective=True),
+    "nsga2": Controller(lambda space, seed, startup: optuna.samplers.NSGAIISampler(population_size=_population(startup),
+                                                                                   seed=seed), multi_objective=True),
     "cmaes": Controller(_cmaes, multi_objective=False),
     "gp": Controller(_gp, multi_objective=True),  # Optuna 5's GPSampler uses log EHVI for several
-    "evolution": Controller(lambda space, seed: RegularizedEvolutionSampler(space, seed=seed),
-                            multi_objective=False),
+    "evolution": Controller(lambda space, seed, startup: RegularizedEvolutionSampler(
+        space, population_size=_population(startup), seed=seed), multi_objective=False),
 }
 
 
-def make_sampler(controller: str, objective: str, space: SearchSpace, seed: int | None) -> BaseSampler:
-    """The sampler of `controller` for `objective`; a one-line CramnasError names what is allowed."""
+def make_sampler(controller: str, objective: str, space: SearchSpace, seed: int | None,
+                 startup: int | None = None) -> BaseSampler:
+    """The sampler of `controller` for `objective`, modelling only after `startup` trials (the
+    study's first draw; None: the sampler's default); a one-line CramnasError names what is allowed."""
     if controller not in CONTROLLERS:
         raise CramnasError(f"--controller: unknown {controller!r}; allowed: {', '.join(CONTROLLERS)}")
     if objective not in OBJECTIVES:
@@ -201,30 +213,41 @@ def make_sampler(controller: str, objective: str, space: SearchSpace, seed: int 
         raise CramnasError(f"--objective {objective} has {len(OBJECTIVES[objective].directions)} objectives, "
                          f"which --controller {controller} cannot optimise; use --controller "
                          f"{' | '.join(allowed)} or a single --objective")
-    return CONTROLLERS[controller].make(space, seed)
+    return CONTROLLERS[controller].make(space, seed, startup)
 
 
 # ---- studies ----------------------------------------------------------------------------------
 
 def open_study(name: str, storage: str | BaseStorage | None, controller: str, objective: str,
-               space: SearchSpace, seed: int | None = None, resume: bool = False) -> optuna.Study:
-    """Create study `name` in `storage`, or with `resume` reopen it with the same settings."""
-    sampler = make_sampler(controller, objective, space, seed)
+               space: SearchSpace, seed: int | None = None, resume: bool = False,
+               warm_starts: Sequence[tuple[str, ArchConfig]] = (), cover: bool = False) -> optuna.Study:
+    """Create study `name` in `storage`, or with `resume` reopen it with the same settings.
+
+    A new study's first trials are queued here (`search.warm_start.first_draw`): the `warm_starts`
+    (name, architecture), then with `cover` a covering design that trains every value of every
+    choice and bool; the sampler models only after them (its start-up trials, evolution's and
+    NSGA-II's first population), a number stored with the study so that a resume builds the same."""
+    from search.warm_start import enqueue_first_draw, first_draw
+
     settings = {attrs.CONTROLLER: controller, attrs.OBJECTIVE: objective, attrs.SPACE: space.name, attrs.SEED: seed}
     where = storage if isinstance(storage, str) else "this storage"
     exists = storage is not None and name in optuna.study.get_all_study_names(storage)
     if not resume:
         if exists:
             raise CramnasError(f"study {name} exists in {where}; pass --resume or choose another --study")
-        study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+        draw = first_draw(space, warm_starts, cover, seed)
+        study = optuna.create_study(study_name=name, storage=storage,
+                                    sampler=make_sampler(controller, objective, space, seed, len(draw)),
                                     directions=list(OBJECTIVES[objective].directions))
-        for key, value in settings.items():
+        for key, value in {**settings, attrs.STARTUP: len(draw)}.items():
             study.set_user_attr(key, value)
+        enqueue_first_draw(study, space, draw)
         return study
     if not exists:
         raise CramnasError(f"study {name} not found in {where}; drop --resume to start it")
+    stored = optuna.load_study(study_name=name, storage=storage).user_attrs
+    sampler = make_sampler(controller, objective, space, seed, stored.get(attrs.STARTUP))
     study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
-    stored = study.user_attrs
     for key, value in settings.items():
         if stored.get(key) != value:
             raise CramnasError(f"study {name} was created with --{key} {stored.get(key)}, not {value}; "
@@ -246,6 +269,8 @@ class Proposal:
     generation: int | None = None
     repeat_of: int | None = None
     rerun_of: int | None = None
+    warm_start: str | None = None  # the first draw's: where a warm start came from (search.warm_start)
+    first_draw: str | None = None  # `cover` for a trial of the covering design
 
 
 def ask(study: optuna.Study, space: SearchSpace) -> Proposal:
@@ -273,7 +298,8 @@ def ask(study: optuna.Study, space: SearchSpace) -> Proposal:
     # Re-read: samplers (evolution) write their attributes through the storage in before_trial.
     stored = _trial(study, trial.number).user_attrs
     return Proposal(trial.number, config, fingerprint, stored.get(attrs.PARENT_TRIAL), stored.get(attrs.MUTATION),
-                    stored.get(attrs.GENERATION), original, rerun_of)
+                    stored.get(attrs.GENERATION), original, rerun_of, stored.get(attrs.WARM_START),
+                    stored.get(attrs.FIRST_DRAW))
 
 
 def tell(study: optuna.Study, trial_number: int, values: Sequence[float] | None = None,

@@ -63,6 +63,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="write each trial's trained model to checkpoints/<study>/t0007/ beside the MLflow "
                              "store (tag cramnas.checkpoint)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warm-start", default="profile", metavar="profile|none|study:NAME[:K]",
+                        help="a new study's first trials: the profile's hand designs (default), none, or the top K "
+                             "(default 5) trials of an earlier study in the same storage; a covering design that "
+                             "trains every value of every choice follows (search/warm_start.py)")
+    parser.add_argument("--no-cover", action="store_true",
+                        help="no covering design: the controller draws from the first trial after the warm starts")
     parser.add_argument("--estimate", action="store_true",
                         help="check the flags, print what the study would cost in device-hours, and exit")
     parser.add_argument("--profile", help="device profile: cpu, gpu or a profile YAML (default: gpu if CUDA is present)")
@@ -208,6 +214,7 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
     from search import controllers
     from search.objectives import OBJECTIVES
     from search.spec import Probe
+    from search.warm_start import parse_spec
     from space import load_space
     from trainer.budget import Budget
     from trainer.config import TrainConfig, load_run_config
@@ -240,6 +247,7 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
     space_path = Path(args.space) if args.space else _beside(profile_path, profile["space"], SPACES)
     space = load_space(space_path)
     controllers.make_sampler(args.controller, args.objective, space, args.seed)  # controller x objective fit
+    parse_spec(args.warm_start)
     budget = Budget.parse(args.budget or profile["budget"])
     train = TrainConfig.from_dict({**load_run_config(_beside(profile_path, profile["run_config"], CONFIGS)).train.to_dict(),
                                    **profile.get("train", {})}, where=f"{profile_path.name}: train")
@@ -288,12 +296,15 @@ def make_plan(args: argparse.Namespace) -> StudyPlan:
     from search import controllers
     from search.spec import StudyPlan, TrialSpec
     from search.stores import check_store, checkpoint_dir, study_storage
+    from search.warm_start import warm_starts
     from trainer.data import prepare_data, tokens_to_prepare
 
     checked = check_inputs(args)
     space, budget, train, source, probe = checked.space, checked.budget, checked.train, checked.source, checked.probe
     tracking_uri = check_store(args.tracking_uri)  # $MLFLOW_TRACKING_URI or sqlite:///mlflow.db by default
     storage = check_storage(study_storage(tracking_uri, args.storage))
+    warm = [] if args.resume else warm_starts(args.warm_start, checked.profile, space, storage,
+                                               warn=lambda line: print(line, file=sys.stderr))
     fixed = space.fixed
     data = prepare_data(source, vocab_size=fixed.get("vocab_size", 32768),
                         seq_len=fixed.get("max_seq_len", 128), cache_dir=args.cache_dir,
@@ -317,7 +328,7 @@ def make_plan(args: argparse.Namespace) -> StudyPlan:
                          checkpoint_dir=str(checkpoints) if checkpoints else None)
     # Last, once everything else is known good: creates the study, or reopens it to resume.
     optuna_study = controllers.open_study(study, storage, args.controller, args.objective, space, args.seed,
-                                          args.resume)
+                                          args.resume, warm_starts=warm, cover=not args.no_cover)
     return StudyPlan(study, optuna_study, args.resume, args.trials, args.controller, checked.objective, space,
                 checked.space_path, budget, template, checked.resources, args.max_concurrent, checked.early_stop,
                 tracking_uri, storage, args.address, args.seed, unigram_floor=data.unigram_floor,

@@ -30,6 +30,7 @@ from search.spec import StudyPlan
 from search.states import COMPLETE, FAILED, PRUNED, state_of_trial
 from search.tracking import StudyTracker
 from search.view import StudyView, references_text
+from search.warm_start import describe_first_draw
 from trainer.console import count
 
 # Ray's per-trial files (results, logs) go here unless RunConfig is told otherwise (docs/stack.md).
@@ -179,6 +180,9 @@ def run_study(plan: StudyPlan) -> int:
           f"(controller {plan.controller}, objective {plan.objective.name}, budget {plan.budget.text}"
           f"; {references_text(plan)}); "
           f"MLflow {plan.tracking_uri}, run {parent_run}")
+    first = describe_first_draw(study)
+    if first and remaining > 0:
+        print(first)
     view = StudyView(plan, study, tracker, already_done=done, remaining=max(remaining, 0))
     searcher = None
     if remaining > 0:

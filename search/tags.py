@@ -7,7 +7,8 @@ tells the runs apart:
 - `STUDY`: the study's scalar settings, each `cramnas.<key>` (`named`): controller, objective, ...;
 - `TRIAL`: `TRIAL_NUMBER`, `FINGERPRINT`, `STATE` (`search.states`), lineage (`PARENT_TRIAL` and
   its `PARENT_RUN_ID`, `GENERATION`, `MUTATION`, `REPEAT_OF`; `RERUN_OF` and its `RERUN_OF_RUN_ID`
-  for a re-run of a trial the driver's death cut short), once finished `REGIME`, a failed one's
+  for a re-run of a trial the driver's death cut short; `WARM_START` or `FIRST_DRAW` for a trial of
+  the study's first draw), once finished `REGIME`, a failed one's
   `FAILURE_REASON`, and with `search.run --save-checkpoints` `CHECKPOINT` (`HF_EXPORT_ERROR` says
   why its export is missing);
 - `CONFIRMATION` (`search.confirm`): `CONFIRMATION_OF`, `ORIGINAL_TRIAL`, `SEED`, `BUDGET`,
@@ -45,6 +46,8 @@ GENERATION, MUTATION = PREFIX + attrs.GENERATION, PREFIX + attrs.MUTATION
 PARENT_TRIAL, PARENT_RUN_ID = PREFIX + attrs.PARENT_TRIAL, PREFIX + "parent_run_id"
 REPEAT_OF = PREFIX + attrs.REPEAT_OF
 RERUN_OF, RERUN_OF_RUN_ID = PREFIX + attrs.RERUN_OF, PREFIX + "rerun_of_run_id"
+# The first draw: a warm start's source (a hand design, `study:NAME#N`), or `cover` (search.warm_start).
+WARM_START, FIRST_DRAW = PREFIX + attrs.WARM_START, PREFIX + attrs.FIRST_DRAW
 # Confirmation and baseline runs (search.confirm): what each re-trains, with which seed, under which budget.
 CONFIRMATION_OF = PREFIX + "confirmation_of"  # the original trial's run id
 ORIGINAL_TRIAL = PREFIX + "original_trial"  # the original trial's number

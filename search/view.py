@@ -108,7 +108,8 @@ class StudyView:
         """One finished trial as a log line: `trial 3 complete: 4x256/4h geglu pre-norm rotary;
         validation_loss 6.1234, 0.481 nats below the corruption floor; regime neighbours [4/8 done, ETA 3.2 min]`."""
         key = self.plan.objective.rank_metric
-        line = f"trial {outcome.number} {outcome.state}: {outcome.proposal.config.describe()}"
+        line = f"trial {outcome.number}{first_draw_mark(outcome.proposal)} {outcome.state}: " \
+               f"{outcome.proposal.config.describe()}"
         if key in outcome.metrics:
             line += f"; {key} {outcome.metrics[key]:.4f}"
             if key != "validation_loss" and "validation_loss" in outcome.metrics:
@@ -172,7 +173,8 @@ class StudyView:
             cells = [str(trial.number), f"{metrics[key]:.4f}", f"{metrics.get('validation_loss', float('nan')):.3f}",
                      below_floor(metrics, unit="", short=True), regime_of(metrics) or "n/a",
                      f"{metrics.get('tokens_per_s', 0):,.0f}", f"{metrics.get('params', 0) / 1e6:.1f}M",
-                     ArchConfig.from_dict(trial.user_attrs[attrs.ARCH]).describe(), run.info.run_id if run else "-"]
+                     ArchConfig.from_dict(trial.user_attrs[attrs.ARCH]).describe() + first_draw_mark(trial.user_attrs),
+                     run.info.run_id if run else "-"]
             if key == "validation_loss":
                 del cells[2]
             table.add_row(*cells)
@@ -181,3 +183,12 @@ class StudyView:
               "frequencies and copying the unchanged tokens")
         counts = ", ".join(f"{number} {state}" for state, number in self.counts.items() if number)
         print(f"this session: {counts or 'no trials'}; study store {self.plan.storage}")  # next: search.next_steps
+
+
+def first_draw_mark(source) -> str:
+    """` (warm start sized-cpu)` or ` (cover)` for a trial of the study's first draw, else nothing;
+    `source` is a Proposal or a trial's user attributes."""
+    get = source.get if isinstance(source, dict) else lambda key: getattr(source, key, None)
+    if get(attrs.WARM_START):
+        return f" (warm start {get(attrs.WARM_START)})"
+    return f" ({get(attrs.FIRST_DRAW)})" if get(attrs.FIRST_DRAW) else ""

@@ -52,7 +52,7 @@ def test_each_controller_runs_a_study_end_to_end(controller, args, tmp_path):
 def test_evolution_records_lineage_in_mlflow(args, tmp_path, monkeypatch):
     from search import controllers
 
-    small = lambda space, seed: controllers.RegularizedEvolutionSampler(space, 3, 2, seed)
+    small = lambda space, seed, startup: controllers.RegularizedEvolutionSampler(space, 3, 2, seed)
     monkeypatch.setitem(controllers.CONTROLLERS, "evolution", controllers.Controller(small, False))
     code = main(args("lineage", "--trials", "7", "--controller", "evolution",
                      "--objective", "mlm", "--no-probe", "--no-early-stop"))
@@ -140,6 +140,8 @@ def test_export_round_trips_into_trainer_cram(args, wiki_slice_dir, slice_cache,
     (["--no-probe"], "--no-probe"),
     (["--no-probe", "--objective", "probe+throughput", "--controller", "nsga2"], "--no-probe"),
     (["--max-concurrent", "0"], "--max-concurrent"),
+    (["--warm-start", "study:"], "--warm-start"),
+    (["--warm-start", "study:nobody:3"], "--warm-start: study nobody not found"),
 ])
 def test_bad_input_fails_in_one_line_before_any_trial(extra, expected, args, tmp_path, capsys):
     argv = args("bad", *extra)
@@ -187,3 +189,19 @@ def test_study_joins_an_existing_ray_cluster(args, tmp_path):
     nodes = [json.loads(Path(client.download_artifacts(run["run_id"], "result.json", str(tmp_path / run["run_id"])))
                         .read_text())["data"]["node"] for run in runs]
     assert len(nodes) == 2 and set(nodes) <= cluster_nodes, (nodes, cluster_nodes)
+
+
+def test_a_study_trains_its_warm_starts_and_covering_design_first_and_tags_them(args, tmp_path, capsys):
+    assert main(args("short", "--trials", "2", "--controller", "random", "--objective", "mlm", "--no-probe",
+                     "--no-cover")) == 0
+    short = optuna.load_study(study_name="short", storage=f"sqlite:///{tmp_path}/optuna.db")
+    best = min((t for t in short.trials if t.state == TrialState.COMPLETE), key=lambda t: t.values[0])
+    capsys.readouterr()
+    assert main(args("warm", "--trials", "4", "--objective", "mlm", "--no-probe", "--no-early-stop",
+                     "--warm-start", "study:short:1")) == 0
+    assert f"first draw: 1 warm start (study:short#{best.number})" in capsys.readouterr().out
+    study, runs = check_stores_agree(tmp_path, "warm", 4)
+    assert study.trials[0].user_attrs["arch"] == best.user_attrs["arch"]
+    by_trial = {int(r["trial"]): r for r in runs}
+    assert by_trial[0]["tags.cramnas.warm_start"] == f"study:short#{best.number}"
+    assert [by_trial[n].get("tags.cramnas.first_draw") for n in (1, 2, 3)] == ["cover"] * 3

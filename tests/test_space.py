@@ -15,7 +15,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 PROFILES = ("cpu", "gpu")
 # Which fields a change of the key field may drag along: heads is filtered by hidden, and
 # final_norm is filtered to false under post-norm (which already ends in a norm).
-DEPENDENTS = {"hidden": {"heads"}, "norm_placement": {"final_norm"}}
+DEPENDENTS = {"hidden": {"heads"}, "norm_placement": {"final_norm"}, "local_window": {"global_every"}}
 
 
 @pytest.fixture(scope="module", params=PROFILES)
@@ -113,7 +113,7 @@ def test_random_samples_explore_the_space():
     configs = [space.sample_random(rng) for _ in range(300)]
     for field in ("layers", "hidden", "heads", "ffn_mult", "ffn_kind", "position", "final_norm"):
         assert len({getattr(c, field) for c in configs}) > 1, field
-    assert {c.ffn_mult for c in configs} <= {2.0, 2.5, 3.0, 3.5, 4.0}
+    assert {c.ffn_mult for c in configs} == {2.0 + 0.25 * k for k in range(9)}  # the grid of step 0.25, all of it
     assert max(c.num_params() for c in configs) <= 8e6
 
 
