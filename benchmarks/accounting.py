@@ -1,13 +1,14 @@
 """Accounting: what a search's win is worth, counted in compute (issue 19, sections 3-5).
 
     CRAMNAS_CACHE=/tmp/cramnas-cache python benchmarks/accounting.py --data ../shared/data \\
-        --study pg-tpe --tracking-uri sqlite:///pg/mlflow.db --storage sqlite:///pg/optuna.db \\
+        --study pg-tpe-s0 --storage sqlite:///pg/optuna.db \\
         --baselines crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu --out accounting
 
 The winner is the study's best complete trial (its architecture and training settings as the trial
-had them) or `--winner CONFIG`. Every cram runs at a multiple of the budget `--budget` (default:
-the study's trial budget) with seeds 0, 1, 2; all are appended to `<out>/crams.jsonl` and a second
-call skips what is there (resumable). Stages, cheapest first:
+had them), its trial `--trial N` (the proving ground passes the candidate its confirmations crowned)
+or `--winner CONFIG`. Every cram runs at a multiple of the budget `--budget` (default: the study's
+trial budget) with seeds 0, 1, 2; all are appended to `<out>/crams.jsonl` and a second call skips
+what is there (resumable). Stages, cheapest first:
 
 1. core: the winner and every baseline at 1x, 3 seeds: each one's mean validation loss with its
    95% Student-t interval and regime (trainer/regimes.py).
@@ -16,9 +17,10 @@ call skips what is there (resumable). Stages, cheapest first:
    the largest. Primer's compute-equivalent multiple (So et al. 2021): the compute a baseline needs
    to reach the winner's 1x loss, interpolated linearly in log-compute between the measured
    multiples ("more than" the largest when it never does), its interval from the winner's own 95%
-   interval; the payback of the search's compute (`payback`); whether the winner's lead holds at
-   4x and the largest, the rank correlation between 1x and the largest, and the multiple at which
-   each goes below the two-neighbour count model.
+   interval; the payback of the search's compute (`payback`), counted in final runs of what the
+   winner's 1x crams spent (tokens x FLOPs per token, so under any kind of budget); whether the
+   winner's lead holds at 4x and the largest, the rank correlation between 1x and the largest, and
+   the multiple at which each goes below the two-neighbour count model.
 3. ablation: against the best baseline, each of the winner's architecture choices reverted alone,
    and the 2x2 of {winner's, baseline's design} x {winner's, baseline's size}, 3 seeds each, paired
    by seed: how much of the win is size and how much design.
@@ -109,8 +111,9 @@ def study_compute(storage: str, study_name: str) -> dict[str, float]:
     return {"flops": flops, "device_seconds": seconds, "trials": trials}
 
 
-def study_winner(storage: str, study_name: str) -> tuple[dict, dict, str]:
-    """The best complete trial's architecture and training settings, and the study's trial budget."""
+def study_winner(storage: str, study_name: str, trial: int | None = None) -> tuple[dict, dict, str]:
+    """The architecture of the best complete trial (or of trial number `trial`), the study's
+    training settings and its trial budget."""
     import optuna
 
     from search.export import ranked_trials
@@ -118,11 +121,13 @@ def study_winner(storage: str, study_name: str) -> tuple[dict, dict, str]:
 
     study = optuna.load_study(study_name=study_name, storage=storage)
     ranked = ranked_trials(study, OBJECTIVES["mlm"])
-    if not ranked:
-        raise SystemExit(f"error: --study {study_name}: no complete trial with a validation loss yet; "
-                         "let it run on, or pass --winner CONFIG")
-    best = ranked[0]  # the study keeps the trials' training settings and budget
-    return best.user_attrs["arch"], study.user_attrs["train"], study.user_attrs["budget"]
+    chosen = ranked[:1] if trial is None else [t for t in ranked if t.number == trial]
+    if not chosen:
+        missing = ("no complete trial with a validation loss yet; let it run on, or pass --winner CONFIG"
+                   if trial is None else f"no complete trial {trial} with a validation loss")
+        raise SystemExit(f"error: --study {study_name}: {missing}")
+    # The study keeps the trials' training settings and budget.
+    return chosen[0].user_attrs["arch"], study.user_attrs["train"], study.user_attrs["budget"]
 
 
 # ---- the crams ----------------------------------------------------------------------------------
@@ -166,6 +171,12 @@ class Crams:
         """Each run's training wall time (the loop's clock: no data preparation or validation)."""
         return [self.done[k]["seconds"] for s in seeds if (k := self.key(name, multiple, s)) in self.done]
 
+    def flops(self, name: str, multiple: float, seeds=SEEDS) -> list[float]:
+        """Each run's training FLOPs as the loop counts them (tokens x `ArchConfig.flops_per_token`):
+        a FLOP budget's amount up to whole micro-batches, and what any other budget cost."""
+        return [self.done[k]["tokens"] * self.done[k]["flops_per_token"] for s in seeds
+                if (k := self.key(name, multiple, s)) in self.done]
+
     def any(self, name: str) -> dict:
         return next(row for row in self.done.values() if row["name"] == name)
 
@@ -189,6 +200,7 @@ def main() -> None:
     parser.add_argument("--data", required=True)
     parser.add_argument("--study", help="the study whose winner and compute are accounted")
     parser.add_argument("--storage", help="its Optuna storage, e.g. sqlite:///optuna.db")
+    parser.add_argument("--trial", type=int, help="the study's trial to account instead of its best")
     parser.add_argument("--winner", help="a run config instead of the study's best trial (search.export writes one)")
     parser.add_argument("--baselines", default="crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu")
     parser.add_argument("--ladder", help="baselines to cram at the multiples (default: crammed-bert-cpu and the best other)")
@@ -205,7 +217,7 @@ def main() -> None:
         run = load_run_config(args.winner)
         winner_arch, winner_train, study_budget = run.arch.to_dict(), run.train.to_dict(), None
     elif args.study and args.storage:
-        winner_arch, winner_train, study_budget = study_winner(args.storage, args.study)
+        winner_arch, winner_train, study_budget = study_winner(args.storage, args.study, args.trial)
     else:
         parser.error("--study with --storage, or --winner CONFIG")
     budget = Budget.parse(args.budget or study_budget or "2e12flops")
@@ -294,7 +306,7 @@ def ladder_tables(crams: Crams, ladder: list[str], budget: Budget, search: dict 
                      f"({low:.2f} to {high:.2f})")
     if search is not None:
         factor = factors[best]
-        final = budget.amount if budget.kind == "flops" else math.nan
+        final = statistics.mean(crams.flops("winner", 1))  # one final run: the winner at 1x
         spent = search["flops"] + 3 * final  # the winner's confirmation seeds count as search too
         account = payback(spent, final, factor)
         lines += ["", "## Payback", "",
