@@ -22,6 +22,7 @@ from typing import Any
 from space.arch import yaml_number_hint
 from space.errors import UsageError
 from trainer.budget import Budget
+from trainer.console import count
 
 COST_KEYS = ("startup_s", "compile_s", "probe_task_s", "tokens_per_s", "flops_per_s")
 
@@ -104,9 +105,17 @@ class Estimate:
         return self.device_hours / self.devices
 
     def line(self) -> str:
-        devices = f"{self.devices:g} {self.kind}{'' if self.devices == 1 else 's'}"
-        return (f"estimate: {self.trials} trials, {self.device_hours:.1f} {self.kind}-hours "
-                f"({self.wall_hours:.1f} hours on {devices}), {self.probed:.0f} trials probed")
+        devices = count(self.devices, self.kind) if float(self.devices).is_integer() else f"{self.devices:g} {self.kind}s"
+        return (f"estimate: {count(self.trials, 'trial')}, {device_time(self.device_hours, self.kind)} "
+                f"({device_time(self.wall_hours)} on {devices}), {count(round(self.probed), 'trial')} probed")
+
+
+def device_time(hours: float, kind: str | None = None) -> str:
+    """`9.1 GPU-hours` or, under an hour, `12 CPU-minutes` (a short study is not `0.0 hours`);
+    without `kind`, plain `hours` or `minutes`."""
+    unit, amount = ("hour", hours) if hours >= 1 else ("minute", hours * 60)
+    text = f"{amount:.1f}" if unit == "hour" or amount < 10 else f"{amount:.0f}"
+    return f"{text} {kind + '-' if kind else ''}{unit}{'' if text == '1' else 's'}"
 
 
 def estimate(trials: int, budget: Budget, costs: Costs, *, compile_model: bool, report_every: float,

@@ -156,3 +156,11 @@ def test_estimate_prints_one_line_and_starts_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no store opened, no data prepared
     bad = run_estimate("--profile", "gpu", "--data", str(SHARED_DATA), "--budget", "5 minutes")
     assert bad.returncode == 2 and bad.stderr.startswith("error: budget: ") and bad.stdout == ""
+
+
+def test_a_short_study_reads_in_minutes_and_one_trial_is_singular():
+    one = study(trials=1, budget=Budget.parse("60s"), early_stop=None, compile_model=False, probe_tasks=0,
+                resources={"cpu": 1, "gpu": 0}, concurrent=2)
+    # 20 s of start-up and 60 s of training: 80 s = 1.3 minutes, on 2 CPUs at once 0.7 minutes
+    assert one.line() == "estimate: 1 trial, 1.3 CPU-minutes (0.7 minutes on 2 CPUs), 0 trials probed"
+    assert "0.0" not in study(trials=2, budget=Budget.parse("60s")).line()
