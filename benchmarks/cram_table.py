@@ -13,6 +13,9 @@ What is crammed, in this order, with the profile's trial settings and the same d
   spread over the space;
 - `--repeats` of those rows again with seeds 1 and 2 (one every tenth row), for the seed-to-seed
   noise the controllers' benchmark adds back;
+- the recorded trials at this budget that benchmarks/RESULTS.md ("Accounting") measured: the 2e12
+  TPE study's winner (sized-cpu with 9 choices changed) and each of its one-factor reversions to
+  sized-cpu, among them the rotary one that beat every hand design, seed 0;
 - with `--study`, every COMPLETE trial of that study whose architecture is a member, seed 0.
 
 Every finished cram is one line appended to `--out` (default `benchmarks/cram_table.csv`), so the
@@ -46,10 +49,28 @@ RESULT_COLUMNS = ("validation_loss", "regime", "nats_below_floor", "corruption_f
 COLUMNS = ("key", "source", "seed", "budget", *FIELD_TYPES, *RESULT_COLUMNS, "error")
 
 
+# The winner of the accounting's TPE study (pg-tpe trial 26, 1x64/2h geglu pre-norm alibi): sized-cpu
+# with these 9 choices changed (benchmarks/RESULTS.md, "Accounting", one-factor ablation).
+RECORDED_WINNER = {"position": "alibi", "hidden": 64, "heads": 2, "head_transform": True, "tie_embeddings": False,
+                   "qkv_bias": True, "attn_out_bias": True, "ffn_bias": True, "embedding_norm": False}
+
+
+def recorded_trials(profile: str) -> list[tuple[str, ArchConfig]]:
+    """The accounting's winner and each of its choices reverted alone to sized-cpu's (the CPU profile)."""
+    hand = dict(hand_designs(profile))
+    if "sized-cpu" not in hand:
+        return []
+    base = hand["sized-cpu"]
+    winner = base.replace(**RECORDED_WINNER)
+    return [("recorded:pg-tpe#26", winner)] + [(f"recorded:pg-tpe#26-{field}", winner.replace(**{field: getattr(base, field)}))
+                                               for field in RECORDED_WINNER]
+
+
 def planned_rows(space, budget: str, rows: int, repeats: int, study_archs: list[tuple[str, ArchConfig]],
                  profile: str) -> list[dict]:
     """Every cram of the table, in the order it runs."""
     plan = [(f"hand:{name}", config, seed) for seed in (0, 1, 2) for name, config in hand_designs(profile)]
+    plan += [(source, config, 0) for source, config in recorded_trials(profile) if space.contains(config)]
     design = covering_design(space, random.Random(0), rows=rows)
     random.Random(1).shuffle(design)  # the balanced rows come out in runs; any prefix should spread
     repeated = iter(design[:repeats])
