@@ -13,6 +13,7 @@ tells the runs apart:
   why its export is missing);
 - `CONFIRMATION` (`search.confirm`): `CONFIRMATION_OF`, `ORIGINAL_TRIAL`, `SEED`, `BUDGET`,
   `FINGERPRINT`, `STATE`; `BASELINE`: `BASELINE_NAME`, `SEED`, `BUDGET`, `FINGERPRINT`, `STATE`;
+  either, when a promotion ladder ran it (`search.confirm --ladder`, `search.ladder`), `RUNG`;
 - `CRAM`: a run `search.record` made of a bare `trainer.cram` checkpoint, found by its `CHECKPOINT`.
 
 The strings are what every existing MLflow store holds, so none may change.
@@ -53,6 +54,7 @@ CONFIRMATION_OF = PREFIX + "confirmation_of"  # the original trial's run id
 ORIGINAL_TRIAL = PREFIX + "original_trial"  # the original trial's number
 BASELINE_NAME = PREFIX + "baseline"  # the hand-designed config (trainer/configs/<name>.yaml)
 SEED, BUDGET = PREFIX + "seed", PREFIX + attrs.BUDGET
+RUNG = PREFIX + "rung"  # a promotion ladder's rung (0-based) a run was trained at; its BUDGET says how much
 # Study settings, on the study run (any other scalar setting is `cramnas.<key>` too: `named`).
 CONTROLLER, OBJECTIVE = PREFIX + attrs.CONTROLLER, PREFIX + attrs.OBJECTIVE
 
