@@ -173,12 +173,15 @@ class StudyView:
             cells = [str(trial.number), f"{metrics[key]:.4f}", f"{metrics.get('validation_loss', float('nan')):.3f}",
                      below_floor(metrics, unit="", short=True), regime_of(metrics) or "n/a",
                      f"{metrics.get('tokens_per_s', 0):,.0f}", f"{metrics.get('params', 0) / 1e6:.1f}M",
-                     ArchConfig.from_dict(trial.user_attrs[attrs.ARCH]).describe() + first_draw_mark(trial.user_attrs),
-                     run.info.run_id if run else "-"]
+                     ArchConfig.from_dict(trial.user_attrs[attrs.ARCH]).describe(), run.info.run_id if run else "-"]
             if key == "validation_loss":
                 del cells[2]
             table.add_row(*cells)
         self.console.print(table)
+        # Beneath the table, not in it: a log is 160 columns wide and the architecture must stay on one line.
+        first = [f"trial {t.number}{first_draw_mark(t.user_attrs)}" for t in trials[:top] if first_draw_mark(t.user_attrs)]
+        if first:
+            print(f"of the study's first draw: {', '.join(first)}")
         print(f"{references_text(self.plan)}: a trial that ends no lower than the first learned nothing beyond "
               "frequencies and copying the unchanged tokens")
         counts = ", ".join(f"{number} {state}" for state, number in self.counts.items() if number)

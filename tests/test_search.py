@@ -199,7 +199,9 @@ def test_a_study_trains_its_warm_starts_and_covering_design_first_and_tags_them(
     capsys.readouterr()
     assert main(args("warm", "--trials", "4", "--objective", "mlm", "--no-probe", "--no-early-stop",
                      "--warm-start", "study:short:1")) == 0
-    assert f"first draw: 1 warm start (study:short#{best.number})" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"first draw: 1 warm start (study:short#{best.number})" in out
+    assert f"trial 0 (warm start study:short#{best.number})" in out.split("of the study's first draw: ")[1]
     study, runs = check_stores_agree(tmp_path, "warm", 4)
     assert study.trials[0].user_attrs["arch"] == best.user_attrs["arch"]
     by_trial = {int(r["trial"]): r for r in runs}
