@@ -16,6 +16,7 @@ have no final score. Every trial, whatever its fate, counts towards compute spen
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 import numpy as np
@@ -55,6 +56,7 @@ from search.run_frames import (  # noqa: F401 - re-exported for dashboards.repor
     scored,
 )
 from search.states import COMPLETE, FAILED, PRUNED, REPEAT, STATES
+from trainer.budget import Budget, BudgetError
 
 # A parameter with more distinct values than this is a range, not a set of choices to ablate.
 MAX_CHOICES = 10
@@ -204,3 +206,46 @@ def failures(frame: pd.DataFrame) -> pd.DataFrame:
 
 def top_k(frame: pd.DataFrame, score: Score, k: int = 10) -> pd.DataFrame:
     return score.sort(scored(frame, score)).head(k)
+
+
+# ---- loss against budget (search.confirm --ladder) ------------------------------------------------
+
+def budget_curves(confirmations: pd.DataFrame, baselines: pd.DataFrame, trials: pd.DataFrame,
+                  kind: str | None = None) -> pd.DataFrame:
+    """Each configuration's validation loss at each budget it was confirmed under (a promotion
+    ladder's rungs, `search.ladder`), over budgets that count `kind` (a `trainer.budget` kind; by
+    default that of most runs): seconds and FLOPs share no axis. One row per (configuration,
+    budget), lowest budget first: `configuration` ("trial 7", or a baseline's name), `kind` (search
+    or baseline), `budget` (as recorded), `amount`, `n` complete seeds with a loss, `mean`, `low`,
+    `high` (its 95% interval over seeds)."""
+    frames = []
+    if not confirmations.empty:
+        named = original_trials(confirmations, trials).map(lambda number: f"trial {int(number)}" if pd.notna(number) else None)
+        frames.append(confirmations.assign(kind="search", configuration=named))
+    if not baselines.empty:
+        frames.append(baselines.assign(kind="baseline", configuration=baselines["baseline"]))
+    runs = pd.concat([f for f in frames if "params.budget" in f], ignore_index=True) if frames else pd.DataFrame()
+    columns = ["configuration", "kind", "budget", "amount", "n", "mean", "low", "high"]
+    if runs.empty:
+        return pd.DataFrame(columns=columns)
+    budgets = {text: _budget(text) for text in runs["params.budget"].dropna().unique()}
+    if kind is None:
+        kinds = Counter(budgets[text].kind for text in runs["params.budget"].dropna() if budgets[text] is not None)
+        kind = kinds.most_common(1)[0][0] if kinds else None
+    records = []
+    for (configuration, run_kind, text), group in runs.groupby(["configuration", "kind", "params.budget"], sort=False):
+        budget = budgets[text]
+        if budget is None or budget.kind != kind:
+            continue
+        ci = mean_ci(group.loc[group["state"] == COMPLETE, LOSS].astype(float))
+        records.append({"configuration": configuration, "kind": run_kind, "budget": text, "amount": budget.amount,
+                        "n": ci.n, "mean": ci.mean, "low": ci.low, "high": ci.high})
+    return pd.DataFrame(records, columns=columns).sort_values(["amount", "configuration"], ignore_index=True)
+
+
+def _budget(text: str) -> Budget | None:
+    """A recorded budget, or None for one this version cannot read."""
+    try:
+        return Budget.parse(text)
+    except BudgetError:
+        return None

@@ -4,14 +4,16 @@ The file carries plotly.js inline, so it opens offline and can be mailed around;
 as an artifact of the study's MLflow run. Sections: best so far (by trial and by device-hours),
 Pareto fronts, parameter importance, the ablation table, the lineage tree (evolution), failures,
 compute accounting, the top trials with links into the MLflow UI, the confirmation runs
-(`search.confirm`) and search against hand design (`search.confirm --baselines`). The statistics
-are `dashboards.analysis`; this module only lays them out.
+(`search.confirm`), their loss against the budget when they ran under two budgets or more (a
+promotion ladder, `search.confirm --ladder`) and search against hand design (`search.confirm
+--baselines`). The statistics are `dashboards.analysis`; this module only lays them out.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +33,7 @@ from dashboards.page import CSS, esc, figure_html, human, interval, link, num, p
 from dashboards.ui import DEFAULT_PORT, LOOPBACK, run_url, runs_url
 from search import attrs
 from search import tags as tag
+from search.export import budgets_by_preference
 from search.next_steps import BASELINES, StudyFlags, report_path
 from search.params import params_under
 from search.retry import first_line
@@ -39,9 +42,12 @@ from search.stores import study_storage
 from search.warm_start import COVER
 from space.arch import ArchConfig, ArchError
 from space.errors import CramnasError
+from trainer.budget import Budget, BudgetError
 from trainer.console import CliParser, one_line_on_ctrl_c
 
 TOP_K = 10
+# How each kind of budget (trainer.budget) reads on an axis.
+BUDGET_UNITS = {"seconds": "seconds", "tokens": "tokens", "flops": "FLOPs", "refs": "reference-core seconds"}
 COLOURS = {"point": "#8c959f", "front": "#0969da", "best": "#1a7f37", "edge": "#afb8c1"}
 
 
@@ -271,11 +277,22 @@ class Report:
         if runs.empty:
             return (f'<p class="muted">No confirmation runs yet. Re-train the top trials with new seeds: '
                     f'<code>{esc(self.flags.confirm())}</code></p>')
+        shown = ""
+        if "params.budget" in runs and runs["params.budget"].nunique() > 1:
+            # One budget at a time: a mean over rungs of a ladder would mix losses of different compute.
+            # The one export picks from: the highest where a seed completed; the ladder plot shows the others.
+            for budget in budgets_by_preference(runs):
+                ranking = analysis.confirmation_ranking(runs[runs["params.budget"] == budget], self.trials, self.score)
+                if np.isfinite(ranking["mean"].astype(float)).any():
+                    break
+            runs = runs[runs["params.budget"] == budget]
+            shown = (f"<p>Under {esc(budget)}, the highest budget of the confirmations where a seed completed (the "
+                     "one <code>search.export</code> picks from); the loss against budget below shows the others.</p>")
         ranking = analysis.confirmation_ranking(runs, self.trials, self.score)
         body = [[str(r.rank), self.run_link(r.run_id, r.trial), num(r.original), interval(r.mean, r.low, r.high),
                  interval(r.below_mean, r.below_low, r.below_high), str(r.n), str(r.failed)]
                 for r in ranking.itertuples()]
-        parts = [table(["rank", "trial", f"search {self.score.label}", "confirmed mean [95% CI]",
+        parts = [shown, table(["rank", "trial", f"search {self.score.label}", "confirmed mean [95% CI]",
                         "nats below floor [95% CI]", "seeds", "failed seeds"], body, numeric=(0, 1, 2, 3, 4, 5, 6))]
         noise = analysis.lead_within_noise(ranking)
         if noise is None:
@@ -311,6 +328,62 @@ class Report:
             fig.update_yaxes(title_text="confirmed mean, 95% CI")
             parts.append(figure_html(fig, height=380))
         return "".join(parts)
+
+    @cached_property
+    def budget_curves(self) -> pd.DataFrame:
+        """`analysis.budget_curves` over budgets of the kind of the study's own."""
+        try:
+            kind = Budget.parse(self.data.setting(attrs.BUDGET) or "").kind
+        except BudgetError:  # not recorded, or unreadable: the kind of most runs
+            kind = None
+        return analysis.budget_curves(self.data.confirmations, self.data.baselines, self.trials, kind)
+
+    def has_ladder(self) -> bool:
+        """Whether confirmations ran under two budgets or more: a loss-against-budget plot to draw."""
+        curves = self.budget_curves
+        return curves.loc[curves["kind"] == "search", "budget"].nunique() >= 2
+
+    def ladder(self) -> str:
+        curves = self.budget_curves
+        budgets = list(dict.fromkeys(curves.loc[curves["kind"] == "search", "budget"]))  # lowest first
+        return (f"<p>Confirmations under {plural(len(budgets), 'budget')} ({esc(', '.join(budgets))}): a line per "
+                "configuration over the budgets it ran under (on a ladder, up to the rung that did not promote it); "
+                f"baselines dashed.</p>{self.ladder_pick(budgets)}{figure_html(self.ladder_figure(curves), height=460)}")
+
+    def ladder_pick(self, budgets: list[str]) -> str:
+        """The best confirmed configuration, as search.export picks it: at the highest budget where
+        one completed a seed."""
+        for top in reversed(budgets):
+            runs = self.data.confirmations[self.data.confirmations["params.budget"] == top]
+            ranking = analysis.confirmation_ranking(runs, self.trials, self.score)
+            ranking = ranking[np.isfinite(ranking["mean"].astype(float))]
+            if not ranking.empty:
+                best = ranking.iloc[0]
+                return (f"<p>At {esc(top)}, the highest budget where a configuration completed a seed, the best by "
+                        f"{esc(self.score.label)}: <b>trial {best['trial']}</b>, "
+                        f"{interval(best['mean'], best['low'], best['high'])} over {plural(int(best['n']), 'seed')}; "
+                        f"<code>{esc(self.flags.export())}</code> exports it.</p>")
+        return ""
+
+    def ladder_figure(self, curves: pd.DataFrame) -> go.Figure:
+        fig = go.Figure()
+        groups = curves.groupby(["configuration", "kind"], sort=False)
+        for (configuration, kind), rows in sorted(groups, key=lambda group: group[0][1] == "baseline"):  # search first
+            fig.add_trace(go.Scatter(
+                x=rows["amount"], y=rows["mean"], mode="lines+markers", name=configuration,
+                line={"dash": "dash" if kind == "baseline" else "solid"},  # the references, told apart
+                error_y={"type": "data", "array": (rows["high"] - rows["mean"]).fillna(0),
+                         "arrayminus": (rows["mean"] - rows["low"]).fillna(0)},
+                hovertext=[f"{configuration} under {r.budget}: {interval(r.mean, r.low, r.high)}, {plural(r.n, 'seed')}"
+                           for r in rows.itertuples()], hoverinfo="text"))
+        for label, key in REFERENCES[:2]:  # the corruption floor and the two-neighbour count model
+            if value := self.data.setting(key):
+                fig.add_hline(y=float(value), line_dash="dot", line_color=COLOURS["point"],
+                              annotation_text=f"{label} {float(value):.3f}", annotation_position="top left")
+        kind = Budget.parse(curves["budget"].iloc[0]).kind  # budget_curves keeps budgets that parse, of one kind
+        fig.update_xaxes(type="log", title_text=f"budget per run, {BUDGET_UNITS[kind]} (log scale)")
+        fig.update_yaxes(title_text="validation MLM loss (mean, 95% CI over seeds)")
+        return fig
 
     def hand_design(self) -> str:
         if self.data.baselines.empty:
@@ -377,6 +450,20 @@ SECTIONS = (  # id, heading, one sentence of what it shows, method
 )
 
 
+# Shown after the confirmation, only when `Report.has_ladder`.
+LADDER = ("ladder", "Loss against budget", ("Each confirmed configuration's validation loss at every budget it "
+          "ran under (search.confirm --ladder: the best of each rung go up to the next), with its 95% interval over "
+          "seeds, against the corruption floor and the two-neighbour count model."), "ladder")
+
+
+def sections(report: Report) -> tuple[tuple[str, str, str, str], ...]:
+    """`SECTIONS`, with `LADDER` after the confirmation when there is a ladder to draw."""
+    if not report.has_ladder():
+        return SECTIONS
+    after = [key for key, _, _, _ in SECTIONS].index("confirmation") + 1
+    return (*SECTIONS[:after], LADDER, *SECTIONS[after:])
+
+
 # The references of a study's header (trainer/references.py): label, study setting.
 REFERENCES = (("corruption floor", "corruption_floor"), ("two-neighbour count model", "context_reference"),
               ("unigram floor", "unigram_floor"))
@@ -386,6 +473,7 @@ def render(data: StudyData, ui_url: str = f"http://{LOOPBACK}:{DEFAULT_PORT}", t
            storage: str | None = None) -> str:
     """The report as one HTML document (plotly.js inline)."""
     report = Report(data, ui_url, top, storage)
+    shown = sections(report)
     counts = data.trials["state"].value_counts()
     facts = {"controller": data.controller, "objective": data.setting(attrs.OBJECTIVE) or "unknown",
              "budget per trial": data.setting(attrs.BUDGET) or "unknown",
@@ -400,13 +488,13 @@ def render(data: StudyData, ui_url: str = f"http://{LOOPBACK}:{DEFAULT_PORT}", t
             f'{time.strftime("%Y-%m-%d %H:%M %Z")}</p>'
             + (f'<p class="note">{esc(data.score.note)}</p>' if data.score.note else "")
             + (f'<p class="note">{esc(warning)}</p>' if (warning := analysis.plateau_warning(data.trials)) else "")
-            + "<nav>" + "".join(f'<a href="#{key}">{esc(title)}</a>' for key, title, _, _ in SECTIONS) + "</nav></header>")
-    sections = [f'<section id="{key}"><h2>{esc(title)}</h2><p class="lead">{esc(lead)}</p>'
-                f"{getattr(report, method)()}</section>" for key, title, lead, method in SECTIONS]
+            + "<nav>" + "".join(f'<a href="#{key}">{esc(title)}</a>' for key, title, _, _ in shown) + "</nav></header>")
+    bodies = [f'<section id="{key}"><h2>{esc(title)}</h2><p class="lead">{esc(lead)}</p>'
+              f"{getattr(report, method)()}</section>" for key, title, lead, method in shown]
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>cramnas study {esc(data.name)}</title>'
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style>'
             f'<script type="text/javascript">{get_plotlyjs()}</script></head>'
-            f"<body><main>{head}{''.join(sections)}</main></body></html>")
+            f"<body><main>{head}{''.join(bodies)}</main></body></html>")
 
 
 def write_report(study: str | StudyData, out: str | Path | None = None, uri: str | None = None,

@@ -25,6 +25,12 @@ the hand design includes one) with the same seeds, under the same budget and pro
 ranks search against hand design. Each is one run per seed, tagged `cramnas.kind=baseline` and
 `cramnas.baseline=<name>` (`StudyTracker.open_baseline_run`), skipped or re-done as confirmations
 are. `--top 0 --baselines ...` trains the baselines alone.
+
+`--ladder 3x,9x,27x` (or `--target 6e13flops`, `--eta 3`) confirms up a promotion ladder of budgets
+instead of under one: every candidate and baseline at the first rung, then the best third of the
+candidates (by mean over seeds) and every baseline at the next, and so on; each run is one of the
+runs above under its rung's budget, tagged `cramnas.rung`. The rungs, the promotion and the pick
+are `search.ladder`.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from search import ladder as ladders
 from search import tags as tag
 from search.next_steps import StudyFlags, data_settings, next_steps
 from search.objectives import DEFAULT_OBJECTIVE, Objective, objective_named
@@ -52,6 +59,7 @@ from trainer.regimes import regime_of
 if TYPE_CHECKING:  # imported for real only once the flags are checked
     from mlflow.entities import Run
 
+    from search.ladder import Ladder
     from search.spec import Probe
     from search.tracking import StudyTracker
     from trainer.budget import Budget
@@ -91,6 +99,15 @@ class Candidate:
         return tracker.open_confirmation_run(self.run_id, self.trial, seed, index, self.arch, train, budget,
                                              self.fingerprint)
 
+    def describe(self) -> str:
+        """Its architecture in a few words (`ArchConfig.describe`)."""
+        from space.arch import ArchConfig, ArchError
+
+        try:  # defaults first: an arch read back from params may leave a field out
+            return ArchConfig.from_dict({**ArchConfig().to_dict(), **self.arch}).describe()
+        except ArchError as error:  # a trial of an impossible architecture (it failed, as its confirmations do)
+            return f"invalid: {error}"
+
     @property
     def data_shape(self) -> tuple[int, int]:
         from space.arch import ArchConfig
@@ -111,6 +128,8 @@ class ConfirmPlan:
     probe: Probe | None  # the study's probe, without the seed (each run's own); None: no probe
     data: dict[tuple[int, int], PretrainData] = field(default_factory=dict)  # (vocab, seq) -> data
     retry_failed: bool = False
+    ladder: Ladder | None = None  # --ladder or --target: `budget` is then its top rung's, for the data
+    rung: int | None = None  # the ladder's rung being trained (search.ladder.climb), tagged on its runs
 
     @property
     def configurations(self) -> list[Candidate]:
@@ -128,6 +147,7 @@ class SeedOutcome:
     score: float | None
     reason: str | None = None
     earlier: bool = False  # a finished run of an earlier invocation, kept as it was
+    metrics: dict[str, float] = field(default_factory=dict)  # a complete run's final metrics
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -140,6 +160,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                             "e.g. crammed-bert-cpu,bert-original-cpu (trainer/configs/<name>.yaml)")
     parser.add_argument("--seeds", type=int, default=3, help="new seeds per candidate")
     parser.add_argument("--budget", help="per-run budget: 60s, 5m, 2e7tokens, 1e15flops, cramming-day ... (default: the study's)")
+    parser.add_argument("--ladder", help="a promotion ladder instead of one budget: rising rungs, multiples of the "
+                                         "study's budget or budgets, e.g. 3x,9x,27x (search/ladder.py)")
+    parser.add_argument("--target", help="a promotion ladder up to this budget: rungs 3x, 9x, 27x ... the study's "
+                                         "budget, the target last, e.g. 6e13flops")
+    parser.add_argument("--eta", type=int, help=f"with --ladder or --target: the best 1/ETA of the candidates go "
+                                                f"up each rung, at least one (default {ladders.DEFAULT_ETA})")
     parser.add_argument("--tracking-uri", help="the MLflow store the search used "
                                                "(default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     add_data_arguments(parser, data_help="local data directory, as given to search.run")
@@ -220,6 +246,7 @@ def make_plan(args: argparse.Namespace) -> ConfirmPlan:
         raise UsageError(f"--top: must be at least 1 (0 only with --baselines), got {args.top}")
     if args.seeds < 1:
         raise UsageError(f"--seeds: must be at least 1, got {args.seeds}")
+    ladders.check_flags(args)
     baselines = load_baselines(args.baselines) if args.baselines else []
     budget = Budget.parse(args.budget) if args.budget else None
     uri = check_store(existing_store(args.tracking_uri))  # written to, but not created for a typo
@@ -230,10 +257,17 @@ def make_plan(args: argparse.Namespace) -> ConfirmPlan:
     study_run = tracker.study_run()
     objective = study_objective(study_run)
     metric = objective.rank_metric
+    ladder = None
     if budget is None:
         if "budget" not in study_run.data.params:
+            if ladders.wanted(args):
+                raise UsageError(f"--ladder: study {args.study!r} recorded no budget per trial to climb from; "
+                                 "confirm it under one --budget instead, e.g. --budget 60s")
             raise UsageError(f"--budget: study {args.study!r} recorded no budget; pass one, e.g. --budget 60s")
         budget = Budget.parse(study_run.data.params["budget"])
+        if ladders.wanted(args):
+            ladder = ladders.ladder_of(args, budget)
+            budget = ladder.rungs[-1]  # the most any run trains on: what the data is prepared for
     probe = study_probe(study_run, args.data)
     candidates = pick_candidates(tracker, objective, args.top) if args.top else []
     if args.top and not candidates:
@@ -255,7 +289,7 @@ def make_plan(args: argparse.Namespace) -> ConfirmPlan:
     seeds = [base_seed + SEED_OFFSET + k for k in range(1, args.seeds + 1)]
 
     plan = ConfirmPlan(args.study, tracker, objective, budget, seeds, candidates, baselines, probe,
-                       retry_failed=args.retry_failed)
+                       retry_failed=args.retry_failed, ladder=ladder)
     source = CorpusSource.from_args(data_dir=args.data, corpus=args.corpus, gpu=torch.cuda.is_available())
     for vocab, seq in sorted({candidate.data_shape for candidate in plan.configurations}):
         plan.data[vocab, seq] = prepare_data(source, vocab_size=vocab, seq_len=seq, cache_dir=args.cache_dir,
@@ -275,13 +309,15 @@ def confirm_one(plan: ConfirmPlan, candidate: Candidate, index: int, seed: int) 
     label = f"{candidate.label} seed {seed}"
     if done is not None and done.info.status == "FINISHED":
         print(f"{label}: complete before (run {done.info.run_id}), skipped")
-        return SeedOutcome(candidate, seed, done.info.run_id, COMPLETE, done.data.metrics.get(metric), earlier=True)
+        return SeedOutcome(candidate, seed, done.info.run_id, COMPLETE, done.data.metrics.get(metric), earlier=True,
+                           metrics=dict(done.data.metrics))
     if done is not None and done.info.status == "FAILED" and not plan.retry_failed:
         reason = done.data.tags.get(tag.FAILURE_REASON)
         print(f"{label}: failed before (run {done.info.run_id}: {reason}), kept; --retry-failed re-runs it")
         return SeedOutcome(candidate, seed, done.info.run_id, FAILED, None, reason, earlier=True)
     train = {**candidate.train, "seed": seed}
     run_id = candidate.open_run(tracker, seed, index, train, budget.text)
+    rung_tag = {tag.RUNG: plan.rung}  # None, outside a ladder, is no tag
     print(f"{label}: {'re-doing' if done is not None else 'cramming'} under {budget.text} (run {run_id}) ...",
           flush=True)
     started = time.perf_counter()
@@ -300,15 +336,15 @@ def confirm_one(plan: ConfirmPlan, candidate: Candidate, index: int, seed: int) 
         if broken:  # e.g. a loss that diverged only on the held-out data
             raise FloatingPointError(f"non-finite {', '.join(broken)}")
     except KeyboardInterrupt:
-        tracker.finish_run(run_id, FAILED, reason="interrupted (Ctrl-C)", cut_short=True)
+        tracker.finish_run(run_id, FAILED, reason="interrupted (Ctrl-C)", tags=rung_tag, cut_short=True)
         raise
     except Exception as error:  # noqa: BLE001 - any failure is this run's, recorded with its reason
         reason = f"{type(error).__name__}: {error}"[:2000]
-        tracker.finish_run(run_id, FAILED, {"seconds": time.perf_counter() - started}, reason=reason,
+        tracker.finish_run(run_id, FAILED, {"seconds": time.perf_counter() - started}, reason=reason, tags=rung_tag,
                            artifacts={"arch.yaml": candidate.arch, "traceback.txt": traceback.format_exc()[-4000:]})
         print(f"{label}: failed: {reason}")
         return SeedOutcome(candidate, seed, run_id, FAILED, None, reason)
-    tracker.finish_run(run_id, COMPLETE, metrics,
+    tracker.finish_run(run_id, COMPLETE, metrics, tags=rung_tag,
                        artifacts={"arch.yaml": candidate.arch, "result.json": {"cram": cram, "probe": probe_result}},
                        loss_curve=cram["loss_curve"])
     # An mlm study ranks by the validation loss itself: said once.
@@ -316,7 +352,7 @@ def confirm_one(plan: ConfirmPlan, candidate: Candidate, index: int, seed: int) 
     print(f"{label}: {metric} {metrics[metric]:.4f} in {time.perf_counter() - started:.1f} s; {loss}"
           f"{floor_gap(metrics['nats_below_floor'], 4)} the corruption floor {metrics['corruption_floor']:.4f}, "
           f"regime {regime_of(metrics)}")
-    return SeedOutcome(candidate, seed, run_id, COMPLETE, metrics[metric])
+    return SeedOutcome(candidate, seed, run_id, COMPLETE, metrics[metric], metrics=metrics)
 
 
 def print_table(plan: ConfirmPlan, outcomes: list[SeedOutcome]) -> None:
@@ -324,7 +360,6 @@ def print_table(plan: ConfirmPlan, outcomes: list[SeedOutcome]) -> None:
     from rich.table import Table
 
     from search.stats import mean_interval
-    from space.arch import ArchConfig, ArchError
 
     objective = plan.objective
     table = Table(title=f"confirmation of study {plan.study} under {plan.budget.text}, seeds "
@@ -340,22 +375,42 @@ def print_table(plan: ConfirmPlan, outcomes: list[SeedOutcome]) -> None:
     ranked = sorted((s for s in summaries if s[1] is not None), key=lambda s: objective.sort_key(s[1][0]))
     rank_now = {id(s[0]): position for position, s in enumerate(ranked, start=1)}
     for candidate, summary, n, failed in summaries:
-        if summary is None:
-            confirmed = "-"
-        else:
-            mean, half = summary
-            confirmed = f"{mean:.4f}" + (f" ± {half:.4f}" if half is not None else " (one seed)")
-        try:  # defaults first: an arch read back from params may leave a field out
-            architecture = ArchConfig.from_dict({**ArchConfig().to_dict(), **candidate.arch}).describe()
-        except ArchError as error:  # a trial of an impossible architecture (it failed, as its confirmations do)
-            architecture = f"invalid: {error}"
+        trial, architecture = str(candidate.trial), candidate.describe()
         if candidate.baseline is not None:
-            architecture = f"{candidate.baseline}: {architecture}"
-        trial = "baseline" if candidate.baseline is not None else str(candidate.trial)
-        table.add_row("-" if candidate.rank is None else str(candidate.rank), trial,
-                      architecture, "-" if candidate.score is None else f"{candidate.score:.4f}", confirmed,
+            trial, architecture = "baseline", f"{candidate.baseline}: {architecture}"
+        table.add_row("-" if candidate.rank is None else str(candidate.rank), trial, architecture,
+                      "-" if candidate.score is None else f"{candidate.score:.4f}", ladders.interval_text(summary),
                       str(n), str(failed), str(rank_now.get(id(candidate), "-")))
     Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
+def planned_runs(plan: ConfirmPlan) -> int:
+    """The runs the command trains at most: every configuration with every seed, at every rung it can reach."""
+    if plan.ladder is None:
+        return len(plan.configurations) * len(plan.seeds)
+    return sum((climbers + len(plan.baselines)) * len(plan.seeds) for climbers in plan.ladder.climbers(len(plan.candidates)))
+
+
+def announce(plan: ConfirmPlan, total: int) -> str:
+    baselines = f" and baselines {', '.join(b.baseline for b in plan.baselines)}" if plan.baselines else ""
+    if plan.ladder is None:
+        where = f"under {plan.budget.text}: {total} run(s)"
+    else:
+        where = (f"up the ladder {plan.ladder.describe()}, the best 1/{plan.ladder.eta} going up each rung: "
+                 f"at most {total} run(s)")
+    return (f"study {plan.study}: confirming the top {len(plan.candidates)} by {plan.objective.rank_metric}{baselines} "
+            f"with seeds {', '.join(map(str, plan.seeds))} {where}; MLflow {plan.tracker.uri}")
+
+
+def confirm_all(plan: ConfirmPlan, outcomes: list[SeedOutcome]) -> list[ladders.Rung]:
+    """Every run of the plan, each outcome appended to `outcomes` as it comes (a Ctrl-C keeps the
+    count): up its ladder, whose rungs it returns, or every configuration with every seed."""
+    if plan.ladder is not None:
+        return ladders.climb(plan, confirm_one, outcomes)
+    for candidate in plan.configurations:
+        for index, seed in enumerate(plan.seeds, start=1):
+            outcomes.append(confirm_one(plan, candidate, index, seed))
+    return []
 
 
 @one_line_on_ctrl_c
@@ -376,32 +431,33 @@ def main(argv: list[str] | None = None) -> int:
     except (CramnasError, MlflowException) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    total = len(plan.configurations) * len(plan.seeds)
-    baselines = f" and baselines {', '.join(b.baseline for b in plan.baselines)}" if plan.baselines else ""
-    print(f"study {plan.study}: confirming the top {len(plan.candidates)} by {plan.objective.rank_metric}{baselines} "
-          f"with seeds {', '.join(map(str, plan.seeds))} under {plan.budget.text}: {total} run(s); "
-          f"MLflow {plan.tracker.uri}")
-    outcomes = []
+    total = planned_runs(plan)
+    print(announce(plan, total))
+    of_total = f"of {'at most ' if plan.ladder else ''}{total} done are kept"
+    outcomes: list[SeedOutcome] = []
     try:
-        for candidate in plan.configurations:
-            for index, seed in enumerate(plan.seeds, start=1):
-                outcomes.append(confirm_one(plan, candidate, index, seed))
+        rungs = confirm_all(plan, outcomes)
     except KeyboardInterrupt:
         print(f"interrupted: the run in flight is marked KILLED; run the same command again to finish "
-              f"({len(outcomes)} of {total} done are kept)")
+              f"({len(outcomes)} {of_total})")
         return 130
     except TrackingError as error:  # MLflow went away for longer than Retry waits
-        print(f"error: {error}; run the same command again once MLflow is back ({len(outcomes)} of {total} "
-              "done are kept)", file=sys.stderr)
+        print(f"error: {error}; run the same command again once MLflow is back ({len(outcomes)} {of_total})",
+              file=sys.stderr)
         return 1
-    print_table(plan, outcomes)
+    if plan.ladder is not None:
+        ladders.print_ladder(plan, rungs)
+    else:
+        print_table(plan, outcomes)
     counts = Counter((o.state, o.earlier) for o in outcomes)
-    print(f"{total} run(s): {counts[COMPLETE, False]} complete now, "
+    print(f"{len(outcomes)} run(s): {counts[COMPLETE, False]} complete now, "
           f"{counts[FAILED, False]} failed now, {counts[COMPLETE, True]} complete before "
           f"(skipped), {counts[FAILED, True]} failed before (kept)")
     flags = StudyFlags(plan.study, plan.tracker.uri, data=data_settings(args.data, args.corpus, args.cache_dir))
-    print(next_steps([("report", f"{flags.report()}   # ranks the confirmed configurations, against the baselines"),
-                      ("export", f"{flags.export()}   # the best confirmed configuration")]))
+    report, export = (("each candidate's loss against the budget", "the pick: the best at the highest rung")
+                      if plan.ladder is not None else
+                      ("ranks the confirmed configurations, against the baselines", "the best confirmed configuration"))
+    print(next_steps([("report", f"{flags.report()}   # {report}"), ("export", f"{flags.export()}   # {export}")]))
     return 0
 
 

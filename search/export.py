@@ -1,12 +1,16 @@
 """`python -m search.export --study NAME`: the study's best architecture as a trainer config.
 
 The winner is the best *confirmed* configuration when `search.confirm` has re-trained the top
-trials: the one with the best mean over seeds (under the latest confirmation budget), since a trial's
-own score is one seed's and the best of many lucky draws. Without confirmations it is the search's
-best trial. The file is what `python -m trainer.cram --config` runs unchanged (the study's training
+trials: the one with the best mean over seeds, since a trial's own score is one seed's and the best
+of many lucky draws. Its budget is the highest the confirmations ran under (after `search.confirm
+--ladder`, the ladder's top rung: ranks move with compute, and the winner is crammed longer still);
+when their budgets count different things (seconds and FLOPs) the latest, and a budget where no
+configuration completed a seed gives way to the next. Without confirmations it is the search's best
+trial. The file is what `python -m trainer.cram --config` runs unchanged (the study's training
 settings, the winner's `arch`), plus `provenance`: study, trial, MLflow run id, score, budget,
 controller and, for a confirmed winner, `confirmed`: its budget, seeds, mean and 95% interval, and
-against each baseline (`search.confirm --baselines`) the paired difference and whether it beat it.
+against each baseline (`search.confirm --baselines`) the paired difference and whether it beat it;
+for the pick of a ladder, `ladder`: its rungs (budgets, lowest first) and the one it was `picked_at`.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from space.errors import CramnasError
 from trainer.console import CliParser, one_line_on_ctrl_c
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from search.tracking import StudyTracker
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -65,28 +71,57 @@ class Confirmed:
     trial: int
     record: dict[str, Any]
     not_beaten: list[str] = field(default_factory=list)
+    ladder: dict[str, Any] | None = None  # `provenance.ladder`, when picked at a ladder's rung (`ladder_record`)
+
+
+def budgets_by_preference(confirmations: pd.DataFrame) -> list[str]:
+    """The confirmations' budgets, the one to export from first: the highest when all count one
+    kind, else the latest (seconds and FLOPs do not compare)."""
+    from trainer.budget import Budget, BudgetError
+
+    dated = confirmations.dropna(subset=["params.budget"]).sort_values("start_time", kind="stable")
+    latest_first = list(dict.fromkeys(reversed(dated["params.budget"].astype(str).tolist())))
+    try:
+        budgets = {text: Budget.parse(text) for text in latest_first}
+    except BudgetError:  # a budget this version cannot read has no amount to order by
+        return latest_first
+    if len({budget.kind for budget in budgets.values()}) > 1:
+        return latest_first
+    return sorted(latest_first, key=lambda text: -budgets[text].amount)  # stable: of equal amounts, the latest
+
+
+def ladder_record(confirmations: pd.DataFrame, budget: str) -> dict[str, Any] | None:
+    """`provenance.ladder` when `budget` is a rung of a ladder (`search.ladder`, runs tagged
+    `cramnas.rung`): the rungs that have runs, lowest first, and `picked_at`: `budget`. None otherwise."""
+    column = tag.column(tag.RUNG)
+    if column not in confirmations:
+        return None
+    laddered = confirmations.dropna(subset=[column, "params.budget"])
+    if budget not in set(laddered["params.budget"]):
+        return None
+    ordered = laddered.assign(rung=laddered[column].astype(int)).sort_values(["rung", "start_time"], kind="stable")
+    return {"rungs": list(dict.fromkeys(ordered["params.budget"].astype(str))), "picked_at": budget}
 
 
 def confirmed_best(tracker: StudyTracker, objective: Objective) -> Confirmed | None:
-    """The configuration `search.confirm` found best by its mean over seeds, under the budget of
-    the latest confirmation run (runs under other budgets answer another question), set against
-    each baseline trained under that budget, seed by seed: the report's statistics
-    (`search.run_frames`). None when no confirmation has a complete seed."""
+    """The configuration `search.confirm` found best by its mean over seeds under one budget (runs
+    under other budgets answer another question): the first of `budgets_by_preference` where one
+    completed a seed. Set against each baseline trained under that budget, seed by seed: the
+    report's statistics (`search.run_frames`). None when no confirmation has a complete seed."""
     from search import run_frames as analysis  # pandas and scipy: only for a study that has confirmations
 
     confirmations = analysis.prepare(tracker.confirmation_table())
     if confirmations.empty or "params.budget" not in confirmations:
         return None
-    dated = confirmations.dropna(subset=["params.budget"]).sort_values("start_time", kind="stable")
-    if dated.empty:
-        return None
-    budget = str(dated["params.budget"].iloc[-1])
-    runs = confirmations[confirmations["params.budget"] == budget]
     trials = analysis.prepare(tracker.trial_table())
     score = analysis.Score(objective)
-    ranking = analysis.confirmation_ranking(runs, trials, score)
-    ranking = ranking[ranking["mean"].astype(float).map(math.isfinite)]
-    if ranking.empty:
+    for budget in budgets_by_preference(confirmations):
+        runs = confirmations[confirmations["params.budget"] == budget]
+        ranking = analysis.confirmation_ranking(runs, trials, score)
+        ranking = ranking[ranking["mean"].astype(float).map(math.isfinite)]
+        if not ranking.empty:
+            break
+    else:
         return None
     best = ranking.iloc[0]
     number = int(best["trial"])
@@ -98,7 +133,7 @@ def confirmed_best(tracker: StudyTracker, objective: Objective) -> Confirmed | N
         "ci95": [float(best["low"]), float(best["high"])] if int(best["n"]) >= 2 else None,
         "failed_seeds": int(best["failed"]),
     }
-    confirmed = Confirmed(number, record)
+    confirmed = Confirmed(number, record, ladder=ladder_record(confirmations, budget))
     baselines = analysis.prepare(tracker.baseline_table())
     if not baselines.empty and "params.budget" in baselines:
         baselines = baselines[baselines["params.budget"] == budget]
@@ -160,6 +195,8 @@ def export(study_name: str, rank_by: str | None = None, out: str | Path | None =
     }
     if confirmed:
         provenance["confirmed"] = {**confirmed.record, "search_best_trial": search_best.number}
+    if confirmed and confirmed.ladder:
+        provenance["ladder"] = confirmed.ladder
     if register:  # the winner's HF export, in MLflow's model registry (search/registry.py)
         from search.registry import register_winner
 
@@ -198,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         record = confirmed.record
         ci = f" [{record['ci95'][0]:.4g}, {record['ci95'][1]:.4g}]" if record["ci95"] else " (one seed: no interval)"
         instead = "" if done.trial == done.search_best else f", not the search's best trial {done.search_best}"
+        if confirmed.ladder:
+            instead += f", the pick of the ladder {', '.join(confirmed.ladder['rungs'])}"
         print(f"trial {done.trial}: the best confirmed configuration{instead}: mean {record['rank_by']} "
               f"{record['mean']:.4g}{ci} over seeds {', '.join(map(str, record['seeds']))} under {record['budget']}")
         for line in confirmed.not_beaten:

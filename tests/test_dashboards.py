@@ -271,6 +271,7 @@ def test_report_confirmation_section(small, tmp_path):
     ci = analysis.mean_ci(below)  # checked against scipy above
     assert "nats below floor [95% CI]" in confirmed and interval(ci.mean, ci.low, ci.high) in confirmed
     assert "confirmation budget (120s) differs from the search budget (60s)" in page
+    assert 'id="ladder"' not in page and 'href="#ladder"' not in page  # one budget: no loss-against-budget plot
     data = load_study("small", small.uri)
     corr = analysis.rank_correlation(analysis.confirmation_ranking(data.confirmations, data.trials, PROBE_SCORE))
     assert f"Spearman ρ = {num(corr.spearman, 3)}" in page
