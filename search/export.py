@@ -161,16 +161,19 @@ class Exported:
     confirmed: Confirmed | None  # None: no confirmation, the search's best trial
     search_best: int  # the search's best trial by its own score
     flags: StudyFlags  # for the next command (trainer.cram with the study's data)
+    sizing: Any = None  # search.sizing.SizeChoice with --target-budget: the size the fit picked
 
 
 def export(study_name: str, rank_by: str | None = None, out: str | Path | None = None, tracking_uri: str | None = None,
-           storage: str | None = None, force: bool = False, register: str | None = None) -> Exported:
+           storage: str | None = None, force: bool = False, register: str | None = None,
+           target_budget: str | None = None, size_fit: str | None = None) -> Exported:
     from search.retry import TrackingError
     from search.stores import existing_store, existing_study
     from search.tracking import StudyTracker
     from space.arch import ArchConfig
     from trainer.config import RunConfig, TrainConfig
 
+    sizing = target_sizing(target_budget, size_fit)  # bad flags fail before any store is opened
     storage = existing_study(study_name, tracking_uri, storage, "pass the --tracking-uri or --storage the search used")
     study = optuna.load_study(study_name=study_name, storage=storage)
     objective = objective_named(rank_by or study.user_attrs.get(attrs.OBJECTIVE, DEFAULT_OBJECTIVE), "--rank-by")
@@ -204,10 +207,41 @@ def export(study_name: str, rank_by: str | None = None, out: str | Path | None =
         provenance["registered_model"] = f"models:/{version.name}/{version.version}"
     config = RunConfig(f"{study_name}-best", ArchConfig.from_dict(trial.user_attrs[attrs.ARCH]),
                        TrainConfig.from_dict(study.user_attrs[attrs.TRAIN]), provenance)
+    choice = None
+    if sizing is not None:  # the winning design at the size the fit calls for at the user's budget
+        from search.sizing import resized
+
+        config, choice = resized(config, *sizing, provenance, name=config.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     config.save(path)
     return Exported(path, trial.number, confirmed, search_best.number,
-                    StudyFlags.of_run(study_name, uri, study_run, storage))
+                    StudyFlags.of_run(study_name, uri, study_run, storage), choice)
+
+
+def target_sizing(target_budget: str | None, size_fit: str | None):
+    """(SizeFit, Budget) for `--target-budget` with `--size-fit`, None without; ExportError naming the flag."""
+    if target_budget is None:
+        if size_fit is not None:
+            raise ExportError("--size-fit: only with --target-budget (the budget to size the winner for), "
+                              "e.g. --target-budget 6e13flops")
+        return None
+    from search.sizing import load_size_fit
+    from trainer.budget import Budget, BudgetError
+
+    if size_fit is None:
+        raise ExportError("--target-budget: needs --size-fit FILE, the fit of how the best size grows with compute: "
+                          "python -m search.sizing --config <the exported config> --budgets 2e12flops,6e12flops,2e13flops "
+                          "writes sizing-<name>/size-fit.json")
+    try:
+        budget = Budget.parse(target_budget)
+    except BudgetError as error:
+        raise ExportError(f"--target-budget: {error}") from None
+    if budget.kind != "flops":
+        raise ExportError(f"--target-budget: a size fit is over FLOPs; give a FLOP budget such as 6e13flops, "
+                          f"got {target_budget!r}")
+    if not Path(size_fit).is_file():
+        raise ExportError(f"--size-fit: {size_fit} not found; python -m search.sizing writes <out>/size-fit.json")
+    return load_size_fit(size_fit), budget
 
 
 @one_line_on_ctrl_c
@@ -221,9 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="allow writing outside the project")
     parser.add_argument("--register", metavar="NAME", help="also register the winner's Hugging Face export in the "
                         "MLflow model registry as NAME (needs search.run --save-checkpoints)")
+    parser.add_argument("--target-budget", metavar="B", help="write the winning design at the size --size-fit predicts "
+                        "for this FLOP budget, the one you will cram at (e.g. 6e13flops)")
+    parser.add_argument("--size-fit", metavar="FILE", help="size-fit.json of python -m search.sizing (with --target-budget)")
     args = parser.parse_args(argv)
     try:
-        done = export(args.study, args.rank_by, args.out, args.tracking_uri, args.storage, args.force, args.register)
+        done = export(args.study, args.rank_by, args.out, args.tracking_uri, args.storage, args.force, args.register,
+                      args.target_budget, args.size_fit)
     except CramnasError as error:  # ExportError, and every other cramnas user error
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -241,7 +279,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{record['mean']:.4g}{ci} over seeds {', '.join(map(str, record['seeds']))} under {record['budget']}")
         for line in confirmed.not_beaten:
             print(f"note: it did not beat baseline {line}")
-    print(f"wrote {path}\ncram it:  {done.flags.cram(str(path), '24h')}")
+    if done.sizing is not None:
+        print(f"sized for {args.target_budget}: {done.sizing.arch.describe()}, the size nearest the fit's "
+              f"N={done.sizing.predicted:,.0f} (provenance.sizing)")
+        if done.sizing.warning:
+            print(f"warning: {done.sizing.warning}")
+    print(f"wrote {path}\ncram it:  {done.flags.cram(str(path), args.target_budget or '24h')}")
     if args.register:
         print(f"registered the winner in MLflow as {args.register} (its models:/ URI: provenance.registered_model in {path})")
     return 0

@@ -489,6 +489,17 @@ def settle(args: Any) -> Plan:
     return Plan(run, train, budgets, family, target[0] if target else None, out, source)
 
 
+def resized(run, fit: SizeFit, target: Budget, provenance: dict[str, Any] | None = None, name: str | None = None):
+    """`run` (a trainer.config.RunConfig) with its design at the size `fit` picks for `target`, and
+    that choice; `provenance.sizing` records the target, the choice and the whole fit."""
+    from trainer.config import RunConfig
+
+    choice = fit.choose(run.arch, target.amount)
+    sizing = {"target_budget": target.text, **choice.to_dict(), "size_fit": fit.to_dict()}
+    return (RunConfig(name or f"{run.name}-{target.text}", choice.arch, run.train, {**(provenance or {}), "sizing": sizing}),
+            choice)
+
+
 @one_line_on_ctrl_c
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
@@ -507,11 +518,12 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(plan, rows, fit))
     record = {"config": plan.run.name, "design": plan.run.arch.describe(), "seed": plan.train.seed, **fit.to_dict(),
               "losses": {f"{row['size']}@{row['budget']}": row["validation_loss"] for row in rows}}
-    if plan.target is not None:
-        choice = fit.choose(plan.run.arch, plan.target.amount)
+    if plan.target is not None:  # the design resized for the target: a hand design gets what a winner gets
+        config, choice = resized(plan.run, fit, plan.target, plan.run.provenance)
         record["target"] = choice.to_dict()
+        config.save(plan.out / f"{config.name}.yaml")
         print(f"\nat {plan.target.text}: the fit predicts N={_short(choice.predicted)}; the grid's nearest size is "
-              f"{choice.size} (N={_short(choice.params)})")
+              f"{choice.size} (N={_short(choice.params)}): {plan.out / f'{config.name}.yaml'}")
         if choice.warning:
             print(f"warning: {choice.warning}")
     (plan.out / FIT_FILE).write_text(json.dumps(record, indent=2) + "\n")

@@ -275,3 +275,30 @@ def test_cli_crams_each_size_and_budget_once_and_writes_the_fit(wiki_slice_dir, 
     assert "0 crams to run (9 in" in capsys.readouterr().out
     assert len((out / "crams.jsonl").read_text().splitlines()) == 9
     assert json.loads((out / "size-fit.json").read_text())["exponent"] == pytest.approx(fit["exponent"])
+
+
+def test_export_writes_the_winning_design_at_the_size_the_fit_picks_for_the_target(tmp_path, capsys):
+    from search import export
+    from tests.dashboard_study import scratch_store, write_study
+
+    _, _, fit = sized_cpu_fit()  # at 1e12 FLOPs it predicts 2x64's N exactly
+    fit_file = tmp_path / "size-fit.json"
+    fit_file.write_text(json.dumps({"config": "synthetic", **fit.to_dict()}))
+    with scratch_store("cramnas-sizing-") as uri:
+        study = write_study(uri, "sized", 4, controller="random", objective="mlm", seed=1)
+        out = tmp_path / "best.yaml"
+        flags = ["--study", "sized", "--tracking-uri", uri, "--out", str(out), "--force"]
+        assert export.main([*flags, "--target-budget", "1e12flops", "--size-fit", str(fit_file)]) == 0
+        exported = yaml.safe_load(out.read_text())
+        winner = ArchConfig.from_dict({**ArchConfig().to_dict(), **study.trials[exported["provenance"]["trial"]].arch})
+        expected = fit.choose(winner, 1e12).arch
+        assert exported["arch"] == expected.to_dict() and exported["name"] == "sized-best"
+        assert f"{expected.layers}x{expected.hidden}" == "2x64" != f"{winner.layers}x{winner.hidden}"
+        sizing = exported["provenance"]["sizing"]
+        assert sizing["target_budget"] == "1e12flops" and sizing["size_fit"]["exponent"] == pytest.approx(fit.exponent)
+        assert "sized for 1e12flops: 2x64" in capsys.readouterr().out
+        for extra, message in ((["--target-budget", "1e12flops"], "--target-budget: needs --size-fit"),
+                               (["--target-budget", "60s", "--size-fit", str(fit_file)], "give a FLOP budget"),
+                               (["--size-fit", str(fit_file)], "--size-fit: only with --target-budget")):
+            assert export.main([*flags, *extra]) == 2
+            assert message in capsys.readouterr().err
