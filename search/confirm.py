@@ -154,11 +154,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = CliParser(prog="python -m search.confirm",
                                      description="Re-train a study's best architectures with new seeds.")
     parser.add_argument("--study", required=True, help="the study to confirm (its MLflow experiment)")
-    parser.add_argument("--top", type=int, default=5, help="candidates: the study's best complete trials "
+    parser.add_argument("--top", type=int, default=ladders.LADDER_TOP, help="candidates: the study's best complete trials "
                                                            "(0: none, with --baselines)")
     parser.add_argument("--baselines", help="hand-designed configs to train beside them with the same seeds, "
                                             "e.g. crammed-bert-cpu,bert-original-cpu (trainer/configs/<name>.yaml)")
-    parser.add_argument("--seeds", type=int, default=3, help="new seeds per candidate")
+    parser.add_argument("--seeds", type=int, default=ladders.LADDER_SEEDS, help="new seeds per candidate")
     parser.add_argument("--budget", help="per-run budget: 60s, 5m, 2e7tokens, 1e15flops, cramming-day ... (default: the study's)")
     parser.add_argument("--ladder", help="a promotion ladder instead of one budget: rising rungs, multiples of the "
                                          "study's budget or budgets, e.g. 3x,9x,27x (search/ladder.py)")
@@ -170,8 +170,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                "(default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     add_data_arguments(parser, data_help="local data directory, as given to search.run")
     parser.add_argument("--retry-failed", action="store_true", help="re-run confirmations that failed before")
+    parser.add_argument("--estimate", action="store_true", help="print what the runs (the whole ladder) would cost in "
+                                                                "device-hours, and exit before any training")
+    parser.add_argument("--profile", help="whose recorded costs --estimate prices with: cpu or gpu (default: gpu "
+                                          "where CUDA is present)")
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     return parser.parse_args(argv)
+
+
+def estimate_line(plan: ConfirmPlan, profile: str | None) -> str:
+    """What the plan's runs cost, priced with a profile's recorded costs (search/estimate.py): the
+    ladder's rungs, or one rung of `plan.budget`, one run at a time on one device."""
+    import torch
+    import yaml
+
+    from glue import ProbeLimits
+    from search.estimate import Costs, device_time, ladder_hours
+    from search.run import PROFILES
+
+    name = profile or ("gpu" if torch.cuda.is_available() else "cpu")
+    path = PROFILES / f"{name}.yaml"
+    if not path.is_file():
+        raise UsageError(f"--profile: {name!r} is not a profile in {PROFILES}; use cpu or gpu")
+    costs = Costs.from_profile(yaml.safe_load(path.read_text()), path.name)
+    ladder = plan.ladder or ladders.Ladder(plan.budget, (plan.budget,), 1)
+    probe_s = 0.0
+    if plan.probe is not None:
+        probe_s = len(plan.probe.tasks) * ((ProbeLimits(**plan.probe.limits).max_seconds_per_task or 0.0)
+                                           + costs.probe_task_s)
+    hours = ladder_hours(ladder, len(plan.candidates), len(plan.baselines), len(plan.seeds), costs, path.name, probe_s, 1)
+    return (f"estimate: {count(planned_runs(plan), 'run')} ({ladder.describe()}), "
+            f"{device_time(hours, 'GPU' if name == 'gpu' else 'CPU')} one after another")
 
 
 def study_objective(study_run: Run) -> Objective:
@@ -290,6 +319,8 @@ def make_plan(args: argparse.Namespace) -> ConfirmPlan:
 
     plan = ConfirmPlan(args.study, tracker, objective, budget, seeds, candidates, baselines, probe,
                        retry_failed=args.retry_failed, ladder=ladder)
+    if args.estimate:  # priced before any data is prepared
+        return plan
     source = CorpusSource.from_args(data_dir=args.data, corpus=args.corpus, gpu=torch.cuda.is_available())
     for vocab, seq in sorted({candidate.data_shape for candidate in plan.configurations}):
         plan.data[vocab, seq] = prepare_data(source, vocab_size=vocab, seq_len=seq, cache_dir=args.cache_dir,
@@ -431,6 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     except (CramnasError, MlflowException) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.estimate:
+        try:
+            print(estimate_line(plan, args.profile))
+        except CramnasError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        return 0
     total = planned_runs(plan)
     print(announce(plan, total))
     of_total = f"of {'at most ' if plan.ladder else ''}{total} done are kept"

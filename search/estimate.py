@@ -15,6 +15,7 @@ budget, the speed that turns it into seconds (`tokens_per_s`, `flops_per_s`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +100,8 @@ class Estimate:
     devices: float  # running at once: trials at once x each trial's GPUs (or CPUs)
     kind: str  # GPU or CPU
     probed: float
+    ladder: str = ""  # the promotion ladder after the study (search.ladder), in words; "" for none
+    ladder_hours: float = 0.0  # its device-hours, one run at a time
 
     @property
     def wall_hours(self) -> float:
@@ -106,8 +109,21 @@ class Estimate:
 
     def line(self) -> str:
         devices = count(self.devices, self.kind) if float(self.devices).is_integer() else f"{self.devices:g} {self.kind}s"
-        return (f"estimate: {count(self.trials, 'trial')}, {device_time(self.device_hours, self.kind)} "
+        line = (f"estimate: {count(self.trials, 'trial')}, {device_time(self.device_hours, self.kind)} "
                 f"({device_time(self.wall_hours)} on {devices}), {count(round(self.probed), 'trial')} probed")
+        if self.ladder:
+            line += (f"; then the ladder {self.ladder}: {device_time(self.ladder_hours, self.kind)}; the whole path "
+                     f"{device_time(self.device_hours + self.ladder_hours, self.kind)}")
+        return line
+
+
+def ladder_hours(ladder, candidates: int, baselines: int, seeds: int, costs: Costs, name: str, probe_s: float,
+                 devices_per_run: float) -> float:
+    """Device-hours of a promotion ladder (`search.ladder.Ladder`): at each rung, its climbers and
+    the baselines, each with every seed, pay a run's start-up, the rung's training and the probe."""
+    runs = [(climbers + baselines) * seeds for climbers in ladder.climbers(candidates)]
+    seconds = sum(n * (costs.startup_s + costs.train_seconds(rung, name) + probe_s) for n, rung in zip(runs, ladder.rungs))
+    return seconds * devices_per_run / 3600
 
 
 def device_time(hours: float, kind: str | None = None) -> str:
@@ -165,7 +181,19 @@ def study_estimate(checked, trials: int, max_concurrent: int | None) -> Estimate
         if per_task is None:
             raise UsageError(f"--estimate: {name}: probe.limits.max_seconds_per_task is unset, so a probe has no "
                              "known length; set it (e.g. 60.0)")
-    return estimate(trials, checked.budget, Costs.from_profile(checked.profile, name),
-                    compile_model=checked.train.compile, report_every=checked.train.report_every,
-                    early_stop=checked.early_stop, probe_tasks=probe_tasks, probe_seconds_per_task=per_task,
-                    resources=resources, concurrent=concurrent, name=name)
+    costs = Costs.from_profile(checked.profile, name)
+    study = estimate(trials, checked.budget, costs,
+                     compile_model=checked.train.compile, report_every=checked.train.report_every,
+                     early_stop=checked.early_stop, probe_tasks=probe_tasks, probe_seconds_per_task=per_task,
+                     resources=resources, concurrent=concurrent, name=name)
+    if checked.ladder is None:
+        return study
+    from search.ladder import LADDER_SEEDS, LADDER_TOP
+
+    baselines = len(checked.profile.get("warm_start", []))  # the hand designs go up every rung beside them
+    per_run = resources["gpu"] if study.kind == "GPU" else resources["cpu"]
+    hours = ladder_hours(checked.ladder, LADDER_TOP, baselines, LADDER_SEEDS, costs, name,
+                         probe_tasks * (per_task + costs.probe_task_s), per_run)
+    words = (f"{checked.ladder.describe()} ({'+'.join(map(str, checked.ladder.climbers(LADDER_TOP)))} candidates and "
+             f"{count(baselines, 'baseline')}, {LADDER_SEEDS} seeds each)")
+    return dataclasses.replace(study, ladder=words, ladder_hours=hours)

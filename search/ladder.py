@@ -50,6 +50,8 @@ if TYPE_CHECKING:  # search.confirm imports this module: its types only for the 
     from search.objectives import Objective
 
 DEFAULT_ETA = 3
+# search.confirm's --top and --seeds by default, so also what `search.run --estimate --ladder` prices.
+LADDER_TOP, LADDER_SEEDS = 5, 3
 TARGET_STEP = 3  # --target's rungs rise from the study's budget in this factor
 UNIT = {"seconds": "s", "tokens": "tokens", "flops": "flops", "refs": "refs"}  # Budget.kind -> the unit Budget.parse reads
 _MULTIPLE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*x\s*$", re.IGNORECASE)

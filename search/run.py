@@ -71,6 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="no covering design: the controller draws from the first trial after the warm starts")
     parser.add_argument("--estimate", action="store_true",
                         help="check the flags, print what the study would cost in device-hours, and exit")
+    parser.add_argument("--ladder", help="the promotion ladder you will climb after the study (search.confirm "
+                                         "--ladder, e.g. 3x,9x,27x): --estimate prices it, and the next steps name it")
+    parser.add_argument("--target", help="the same for search.confirm --target, e.g. 30x or 6e13flops")
     parser.add_argument("--profile", help="device profile: cpu, gpu or a profile YAML (default: gpu if CUDA is present)")
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     return parser.parse_args(argv)
@@ -205,6 +208,7 @@ class CheckedInputs:
     source: Any  # trainer.corpus.CorpusSource
     probe: Any  # search.spec.Probe, None with --no-probe
     early_stop: dict[str, Any] | None
+    ladder: Any = None  # search.ladder.Ladder of --ladder or --target, None without
 
 
 def check_inputs(args: argparse.Namespace) -> CheckedInputs:
@@ -286,8 +290,16 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
         probe = Probe(tuple(task.name for task in tasks), {**profile["probe"]["limits"], "data_dir": args.data})
     early_stop = None if args.no_early_stop or objective.multi else {"min_trials": ASHA_MIN_TRIALS,
                                                                       **profile["early_stop"]}
+    ladder = None
+    if args.ladder is not None or args.target is not None:
+        from search import ladder as ladders
+
+        # As search.confirm would read them, with its defaults.
+        ladders.check_flags(argparse.Namespace(ladder=args.ladder, target=args.target, eta=None, budget=None,
+                                               top=ladders.LADDER_TOP))
+        ladder = ladders.ladder_of(argparse.Namespace(ladder=args.ladder, target=args.target, eta=None), budget)
     return CheckedInputs(profile_path, profile, objective, space, space_path, budget, train, resources, source, probe,
-                         early_stop)
+                         early_stop, ladder)
 
 
 def make_plan(args: argparse.Namespace) -> StudyPlan:

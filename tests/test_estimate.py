@@ -4,12 +4,13 @@ trial compiles with (§3)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 
-from search.estimate import Costs, asha_rungs, asha_shares, estimate, progress_reports
+from search.estimate import Costs, asha_rungs, asha_shares, estimate, ladder_hours, progress_reports
 from search.resources import auto_cpus_per_trial
 from search.trial import compile_env, use_compile_env
 from space.errors import UsageError
@@ -156,6 +157,26 @@ def test_estimate_prints_one_line_and_starts_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no store opened, no data prepared
     bad = run_estimate("--profile", "gpu", "--data", str(SHARED_DATA), "--budget", "5 minutes")
     assert bad.returncode == 2 and bad.stderr.startswith("error: budget: ") and bad.stdout == ""
+    path = run_estimate("--profile", "gpu", "--data", str(SHARED_DATA), "--target", "30x")
+    assert path.returncode == 0, path.stderr
+    study_hours, rest = path.stdout.split(", ", 2)[1], path.stdout.split("; then the ladder ")[1]
+    assert "(30x)" in rest and "5+1+1 candidates and 3 baselines, 3 seeds each" in rest
+    ladder, whole = (float(part.split(" GPU-hours")[0].split()[-1]) for part in rest.split("; the whole path "))
+    assert whole == pytest.approx(float(study_hours.split()[0]) + ladder, abs=0.11)
+    wrong = run_estimate("--profile", "gpu", "--data", str(SHARED_DATA), "--ladder", "3x,2x")
+    assert wrong.returncode == 2 and wrong.stderr.startswith("error: --ladder: rungs must rise")
+
+
+def test_a_ladder_costs_each_rungs_climbers_and_baselines_with_every_seed():
+    from search.ladder import Ladder
+
+    ladder = Ladder(Budget.parse("1e12flops"), (Budget.parse("3e12flops"), Budget.parse("9e12flops")), eta=3)
+    hours = ladder_hours(ladder, candidates=6, baselines=2, seeds=3, costs=COSTS, name="cpu.yaml", probe_s=5.0,
+                         devices_per_run=1)
+    # rung 0: (6 + 2) x 3 runs of 20 + 62.5 + 5 s; rung 1: (2 + 2) x 3 runs of 20 + 187.5 + 5 s
+    assert hours == pytest.approx((24 * (20 + 3e12 / 4.8e10 + 5) + 12 * (20 + 9e12 / 4.8e10 + 5)) / 3600)
+    line = dataclasses.replace(study(), ladder="3e12flops (3x), 9e12flops (9x)", ladder_hours=hours).line()
+    assert line.endswith(f"the whole path {study().device_hours + hours:.1f} GPU-hours")
 
 
 def test_a_short_study_reads_in_minutes_and_one_trial_is_singular():

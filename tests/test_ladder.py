@@ -173,6 +173,21 @@ def test_bad_ladder_input_is_one_line_before_any_training(extra, expected, small
     assert captured.out == ""
 
 
+def test_estimate_prices_every_rung_and_trains_nothing(small_store, capsys, monkeypatch):
+    import search.trial
+
+    monkeypatch.setattr(search.trial, "cram_and_probe", lambda *args, **kwargs: pytest.fail("trained for an estimate"))
+    runs_before = len(mlflow.MlflowClient(small_store).search_runs([mlflow.MlflowClient(small_store)
+                                                                    .get_experiment_by_name("b").experiment_id]))
+    assert main(["--study", "b", "--tracking-uri", small_store, "--ladder", "3x,9x", "--seeds", "2",
+                 "--baselines", "crammed-bert-cpu", "--estimate", "--profile", "gpu"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    # one candidate and one baseline with 2 seeds, at both rungs: 8 runs (tokens priced at the gpu profile's speed)
+    assert out.startswith("estimate: 8 runs (60000tokens (3x), 180000tokens (9x)), ") and "GPU-minutes" in out
+    client = mlflow.MlflowClient(small_store)
+    assert len(client.search_runs([client.get_experiment_by_name("b").experiment_id])) == runs_before
+
+
 # ---- a real ladder ----------------------------------------------------------------------------------
 
 STUDY_BUDGET = "1e3tokens"  # per trial: the rungs 2x, 4x are then crams of seconds
