@@ -225,20 +225,16 @@ def target_sizing(target_budget: str | None, size_fit: str | None):
             raise ExportError("--size-fit: only with --target-budget (the budget to size the winner for), "
                               "e.g. --target-budget 6e13flops")
         return None
-    from search.sizing import load_size_fit
-    from trainer.budget import Budget, BudgetError
+    from search.sizing import load_size_fit, parse_budgets
 
     if size_fit is None:
         raise ExportError("--target-budget: needs --size-fit FILE, the fit of how the best size grows with compute: "
                           "python -m search.sizing --config <the exported config> --budgets 2e12flops,6e12flops,2e13flops "
                           "writes sizing-<name>/size-fit.json")
-    try:
-        budget = Budget.parse(target_budget)
-    except BudgetError as error:
-        raise ExportError(f"--target-budget: {error}") from None
-    if budget.kind != "flops":
-        raise ExportError(f"--target-budget: a size fit is over FLOPs; give a FLOP budget such as 6e13flops, "
-                          f"got {target_budget!r}")
+    budgets = parse_budgets(target_budget, "--target-budget")  # FLOPs only: a size fit is over compute
+    if len(budgets) != 1:
+        raise ExportError(f"--target-budget: one FLOP budget, e.g. 6e13flops, got {target_budget!r}")
+    budget = budgets[0]
     if not Path(size_fit).is_file():
         raise ExportError(f"--size-fit: {size_fit} not found; python -m search.sizing writes <out>/size-fit.json")
     return load_size_fit(size_fit), budget
