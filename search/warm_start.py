@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from search import attrs
@@ -28,8 +27,6 @@ from space import ArchConfig, SearchSpace
 from space.design import covering_design, optuna_params
 from space.errors import UsageError
 
-CONFIGS = Path(__file__).resolve().parents[1] / "trainer" / "configs"
-PROFILES = Path(__file__).parent / "profiles"
 # How many of an earlier study's best trials `--warm-start study:NAME` takes without `:K`.
 DEFAULT_TOP = 5
 COVER = "cover"  # the `first_draw` attribute of a covering-design trial
@@ -40,6 +37,7 @@ def hand_designs(profile: str | dict[str, Any]) -> list[tuple[str, ArchConfig]]:
     is a profile's name (search/profiles/<name>.yaml) or its loaded settings."""
     import yaml
 
+    from search.run import CONFIGS, PROFILES
     from trainer.config import load_run_config
 
     if isinstance(profile, str):
