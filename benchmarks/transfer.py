@@ -1,0 +1,401 @@
+"""Transfer: how far the trial budget's ranking holds at the budget a user trains at (issue 26 §4).
+
+    CRAMNAS_CACHE=/tmp/cramnas-cache python benchmarks/transfer.py --data ../shared/data \\
+        --study NAME --storage sqlite:///proving-ground/optuna.db [--top 6] \\
+        [--baselines crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu] [--budget 2e12flops] \\
+        [--multiples 1,3,10,30] [--seeds-at 30x=1] [--size-fit sizing-sized-cpu/size-fit.json] \\
+        [--ladder-pick TRIAL] [--out transfer]
+
+The configurations are the study's `--top` complete trials by validation loss ("trial N": their
+architecture, the study's training settings) and the hand designs of `--baselines`
+(trainer/configs/<name>.yaml). Each is crammed at every multiple of the 1x budget (default: the
+study's trial budget), with seeds 0..k-1: k is 3, or what `--seeds-at` says (default 30x=1). With
+`--size-fit` each hand design is also crammed at the size the fit picks for each multiple's budget
+(`search.sizing.resized`), as `<name>@sized`; where that is the hand design's own size, its crams
+are the hand design's. The crams are benchmarks/accounting.py's `Crams`: kept in `<out>/crams.jsonl`,
+so a second call crams only what is missing.
+
+The tables (stdout and `<out>/transfer.md`): every configuration's mean ± 95% Student-t interval at
+each multiple with its regime, † where the mean is below the two-neighbour count model; Spearman
+and Kendall between each multiple and the largest over the fixed configurations (a resized design
+is a different model at each multiple, so it has no rank to carry), with bootstrap intervals; the
+best at 1x and at the largest multiple; with `--ladder-pick TRIAL` (the pick of `search.confirm
+--ladder`), that trial at the largest multiple against the study's 1x winner (the best candidate at
+1x: what a search confirmed only at its trial budget would export) and against the best hand design
+there (resized with `--size-fit`), paired by seed.
+
+Cost (an estimate from the CPU profile's ~3.5 core-minutes per 1e13 FLOPs, not measured): 72 trial
+budgets of crams per configuration at the defaults (3 x 1 + 3 x 3 + 3 x 10 + 1 x 30), so at 2e12
+FLOPs about 50 core-minutes each: 10 configurations, or 14 with `--size-fit`, are some 4 to 6 hours
+of two cores (small models are slower per FLOP, so likely more).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from accounting import CONFIGS, Crams
+from fidelity import correlation
+
+from search.stats import mean_interval
+from space.arch import ArchConfig
+from space.errors import CramnasError, UsageError
+from trainer.budget import Budget
+from trainer.config import load_run_config
+from trainer.console import CliParser, one_line_on_ctrl_c
+from trainer.regimes import regime
+
+MULTIPLES = "1,3,10,30"
+SEEDS = 3  # at every multiple `--seeds-at` does not name
+SEEDS_AT = {30.0: 1}  # without --seeds-at: 30x costs as much as all the others together, so one seed
+SIZED = "@sized"
+BELOW = "†"  # the mean is below the two-neighbour count model
+
+
+# ---- what is crammed -----------------------------------------------------------------------------
+
+@dataclass
+class Configuration:
+    name: str
+    kind: str  # "candidate" | "hand design" | "resized"
+    train: dict
+    archs: dict[float, dict]  # the architecture crammed at each multiple
+    crammed_as: dict[float, str]  # the name its crams are kept under at each multiple
+
+    @classmethod
+    def fixed(cls, name: str, kind: str, arch: dict, train: dict, multiples):
+        return cls(name, kind, train, {m: arch for m in multiples}, {m: name for m in multiples})
+
+
+def resized_designs(baselines: list[Configuration], runs: dict, fit, budget: Budget, multiples) -> tuple[list, list[str]]:
+    """Each hand design at the size `fit` picks for each multiple's FLOP budget, and the fit's
+    warnings (a prediction beyond its grid). Where the pick is the design's own size, the crams
+    are the hand design's: the same model, seed and budget need no second cram."""
+    from search.sizing import resized
+
+    configs, warnings = [], []
+    for base in baselines:
+        archs, names = {}, {}
+        for m in multiples:
+            run, choice = resized(runs[base.name], fit, Budget.parse(f"{budget.amount * m:g}flops"))
+            archs[m] = run.arch.to_dict()
+            names[m] = base.name if archs[m] == base.archs[m] else base.name + SIZED
+            if choice.warning:
+                warnings.append(f"{base.name} at {m:g}x: {choice.warning}")
+        configs.append(Configuration(base.name + SIZED, "resized", base.train, archs, names))
+    return configs, warnings
+
+
+def wanted(configs: list[Configuration], seeds_at: dict[float, int]) -> list[tuple[str, dict, dict, float, int]]:
+    """(name, arch, train, multiple, seed) of every cram, in `Crams.run`'s terms."""
+    return [(c.crammed_as[m], c.archs[m], c.train, m, seed)
+            for c in configs for m, seeds in seeds_at.items() for seed in range(seeds)]
+
+
+# ---- what came of it -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Cell:
+    """One configuration at one multiple: its loss per seed and the references it is read against."""
+
+    by_seed: dict[int, float]
+    corruption_floor: float
+    context_reference: float
+    size: str
+
+    @property
+    def mean(self) -> float:
+        return statistics.mean(self.by_seed.values())
+
+    @property
+    def below_count_model(self) -> bool:
+        return self.mean < self.context_reference
+
+    def text(self, show_size: bool = False) -> str:
+        mean, half = mean_interval(list(self.by_seed.values()))
+        where = regime(mean, self.corruption_floor, self.context_reference)
+        return (f"{mean:.3f}" + (f" ± {half:.3f}" if half is not None else "") + f" (n={len(self.by_seed)}) {where}"
+                + (f" [{self.size}]" if show_size else "") + (f" {BELOW}" if self.below_count_model else ""))
+
+
+def cells(crams: Crams, configs: list[Configuration], seeds_at: dict[float, int]) -> dict[str, dict[float, Cell]]:
+    """Every configuration's cells from the crams there are; a multiple with none has no cell."""
+    table = {}
+    for config in configs:
+        table[config.name] = {}
+        for m, seeds in seeds_at.items():
+            rows = {s: crams.done[k] for s in range(seeds) if (k := crams.key(config.crammed_as[m], m, s)) in crams.done}
+            if rows:
+                any_row = next(iter(rows.values()))
+                arch = config.archs[m]
+                table[config.name][m] = Cell({s: row["validation_loss"] for s, row in rows.items()},
+                                             any_row["corruption_floor"], any_row["context_reference"],
+                                             f"{arch['layers']}x{arch['hidden']}")
+    return table
+
+
+def best(table: dict[str, dict[float, Cell]], names, m: float) -> str | None:
+    """The configuration of `names` with the lowest mean at multiple `m`."""
+    measured = [name for name in names if m in table[name]]
+    return min(measured, key=lambda name: table[name][m].mean) if measured else None
+
+
+# ---- the tables ----------------------------------------------------------------------------------
+
+def configuration_table(configs: list[Configuration], table: dict[str, dict[float, Cell]], multiples) -> list[str]:
+    """Mean ± 95% interval, regime and the count-model mark per configuration and multiple, the
+    best at the largest multiple first."""
+    top = multiples[-1]
+    order = sorted(configs, key=lambda c: [table[c.name][m].mean if m in table[c.name] else math.inf
+                                           for m in reversed(multiples)])
+    lines = ["| configuration | kind | architecture | " + " | ".join(f"{m:g}x" for m in multiples)
+             + " | first below the count model |", "|---|---|---|" + "---|" * (len(multiples) + 1)]
+    for config in order:
+        row = table[config.name]
+        design = ArchConfig.from_dict(config.archs[multiples[0]]).describe()
+        resized = config.kind == "resized"
+        below = next((f"{m:g}x" for m in multiples if m in row and row[m].below_count_model), "none")
+        lines.append(f"| {config.name} | {config.kind} | {design}{' (resized)' if resized else ''} | "
+                     + " | ".join(row[m].text(show_size=resized) if m in row else "-" for m in multiples)
+                     + f" | {below} |")
+    return lines + ["", f"{BELOW}: the mean is below the two-neighbour count model; [LxH]: the size crammed at "
+                    f"that multiple. Sorted by the mean at {top:g}x.", ""]
+
+
+def correlation_table(table: dict[str, dict[float, Cell]], names: list[str], multiples,
+                      resamples: int = 5000) -> list[str]:
+    """Spearman and Kendall between each multiple's means and the largest's, over the `names` that
+    have both, with bootstrap 95% intervals (configurations resampled)."""
+    top = multiples[-1]
+    lines = ["| rung | against | n | Spearman (95% CI) | Kendall (95% CI) |", "|---|---|---|---|---|"]
+    for m in multiples[:-1]:
+        both = [name for name in names if m in table[name] and top in table[name]]
+        x, y = [table[n][m].mean for n in both], [table[n][top].mean for n in both]
+        if len(both) < 3:
+            cells_ = ["too few to rank"] * 2
+        else:
+            with warnings.catch_warnings():  # a resample of one configuration repeated ranks nothing: scipy drops it
+                warnings.simplefilter("ignore")
+                found = [correlation(x, y, kind, resamples) for kind in ("spearman", "kendall")]
+            cells_ = [f"{p:.2f} " + (f"({lo:.2f} to {hi:.2f})" if math.isfinite(lo) else "(no interval: too few)")
+                      for p, lo, hi in found]
+        lines.append(f"| {m:g}x | {top:g}x | {len(both)} | {cells_[0]} | {cells_[1]} |")
+    return lines + [""]
+
+
+def paired(table: dict[str, dict[float, Cell]], a: str, b: str, multiples) -> str:
+    """b - a at the largest multiple, seed by seed, its 95% interval and whether that is outside
+    noise. With one common seed there, the noise is the seed spread of the same difference at the
+    largest multiple below with two or more (a single difference's 95% prediction interval): the
+    largest multiple defaults to one seed because it costs as much as all the others together."""
+    from scipy import stats
+
+    top = multiples[-1]
+    losses = lambda name, m: table[name][m].by_seed if m in table[name] else {}
+    common = lambda m: sorted(set(losses(a, m)) & set(losses(b, m)))
+    diffs = lambda m: [losses(b, m)[s] - losses(a, m)[s] for s in common(m)]
+    seeds = common(top)
+    if not seeds:
+        return "no common seed measured"
+    mean, half = mean_interval(diffs(top))
+    source = f"paired by seed, n={len(seeds)}"
+    if half is None:
+        lower = next((m for m in reversed(multiples[:-1]) if len(common(m)) >= 2), None)
+        if lower is None:
+            return f"{mean:+.3f} (one seed, no noise measured)"
+        spread = diffs(lower)
+        half = float(stats.t.ppf(0.975, len(spread) - 1) * statistics.stdev(spread) * math.sqrt(1 + 1 / len(spread)))
+        source = f"seed {seeds[0]}; noise: the seed spread of this difference at {lower:g}x, n={len(spread)}"
+    verdict = "outside noise" if abs(mean) > half else "within noise"
+    return f"{mean:+.3f} ± {half:.3f}, {verdict} ({source})"
+
+
+def best_lines(table: dict[str, dict[float, Cell]], names: list[str], multiples) -> list[str]:
+    """Which fixed configuration is best at 1x and at the largest multiple, whether they are the
+    same, and where the 1x best ranks at the largest."""
+    low, top = multiples[0], multiples[-1]
+    first, last = best(table, names, low), best(table, names, top)
+    if first is None or last is None:
+        return [f"best at {low:g}x or {top:g}x: not measured yet", ""]
+    line = (f"best at {low:g}x: {first} ({table[first][low].mean:.3f}); best at {top:g}x: {last} "
+            f"({table[last][top].mean:.3f}): ")
+    if first == last:
+        return [line + "the same configuration", ""]
+    ranked = sorted((n for n in names if top in table[n]), key=lambda n: table[n][top].mean)
+    rank = f"{ranked.index(first) + 1} of {len(ranked)}" if first in ranked else "not measured"
+    return [line + f"not the same; {first} is {rank} at {top:g}x, behind {last} by "
+            f"{paired(table, last, first, multiples)}", ""]
+
+
+def ladder_pick_lines(table: dict[str, dict[float, Cell]], pick: str, candidates: list[str], hands: list[str],
+                      resized: list[str], multiples) -> list[str]:
+    """The ladder's pick at the largest multiple against the 1x winner and the best hand design, as
+    designed and, where there are resized ones, resized: which hand design is best is read at the
+    largest multiple itself, the hand designs' most favourable reading."""
+    top = multiples[-1]
+    if top not in table[pick]:
+        return [f"{pick} (the ladder's pick) has no {top:g}x cram yet", ""]
+    lines = [f"{pick} (the ladder's pick) at {top:g}x: {table[pick][top].text()}"]
+    others = [(f"the {multiples[0]:g}x winner", best(table, candidates, multiples[0])),
+              (f"the best hand design at {top:g}x", best(table, hands, top))]
+    if resized:
+        others.append((f"the best resized hand design at {top:g}x", best(table, resized, top)))
+    for label, other in others:
+        if other is None:
+            lines.append(f"- against {label}: not measured")
+        elif other == pick:
+            lines.append(f"- against {label}: it is {label}")
+        else:
+            lines.append(f"- against {label}, {other} ({table[other][top].mean:.3f} at {top:g}x): pick - {other} "
+                         f"{paired(table, other, pick, multiples)}")
+    return lines + [""]
+
+
+def report(configs: list[Configuration], table: dict[str, dict[float, Cell]], budget: Budget, multiples,
+           seeds_at: dict[float, int], pick: str | None = None, notes: list[str] = (), resamples: int = 5000) -> str:
+    fixed = [c.name for c in configs if c.kind != "resized"]
+    candidates = [c.name for c in configs if c.kind == "candidate"]
+    hands = [c.name for c in configs if c.kind == "hand design"]
+    resized = [c.name for c in configs if c.kind == "resized"]
+    reference = next((cell for row in table.values() for cell in row.values()), None)
+    lines = [f"# Transfer: 1x = {budget.text}; seeds at " + ", ".join(f"{m:g}x: {seeds_at[m]}" for m in multiples), ""]
+    if reference is not None:
+        lines += [f"corruption floor {reference.corruption_floor:.3f}, two-neighbour count model "
+                  f"{reference.context_reference:.3f}", ""]
+    lines += [*configuration_table(configs, table, multiples),
+              f"## Ranks against {multiples[-1]:g}x over the {len(fixed)} fixed configurations", "",
+              *correlation_table(table, fixed, multiples, resamples), *best_lines(table, fixed, multiples)]
+    if pick is not None:
+        lines += ["## The ladder's pick", "", *ladder_pick_lines(table, pick, candidates, hands, resized, multiples)]
+    return "\n".join(lines + [f"note: {note}" for note in notes]) + "\n"
+
+
+# ---- the command ---------------------------------------------------------------------------------
+
+def parse_multiples(text: str) -> tuple[float, ...]:
+    try:
+        multiples = tuple(float(part.strip().removesuffix("x")) for part in text.split(","))
+    except ValueError:
+        raise UsageError(f"--multiples: cannot read {text!r}; write e.g. 1,3,10,30") from None
+    if len(multiples) < 2 or any(m <= 0 for m in multiples) or list(multiples) != sorted(set(multiples)):
+        raise UsageError(f"--multiples: two or more positive multiples, increasing, e.g. 1,3,10,30; got {text!r}")
+    return multiples
+
+
+def parse_seeds_at(text: str | None, multiples: tuple[float, ...]) -> dict[float, int]:
+    """`30x=1,10x=2` -> seeds per multiple, SEEDS where not named (without it: SEEDS_AT)."""
+    seeds = {m: SEEDS_AT.get(m, SEEDS) if text is None else SEEDS for m in multiples}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        multiple, _, count = part.partition("=")
+        try:
+            m, n = float(multiple.strip().removesuffix("x")), int(count)
+        except ValueError:
+            raise UsageError(f"--seeds-at: cannot read {part!r}; write e.g. 30x=1") from None
+        if m not in seeds or n < 1:
+            raise UsageError(f"--seeds-at: {part!r}: a multiple of --multiples and one seed or more")
+        seeds[m] = n
+    return seeds
+
+
+def study_candidates(storage, study_name: str, top: int, pick: int | None) -> tuple[list[tuple[int, dict]], dict, str]:
+    """The study's top `top` complete trials by validation loss as (number, arch), the ladder's pick
+    among them when it is not, the study's training settings and its trial budget."""
+    import optuna
+
+    from search.export import ranked_trials
+    from search.objectives import OBJECTIVES
+
+    if isinstance(storage, str) and storage.startswith("sqlite:///") and not Path(storage[10:]).is_file():
+        raise UsageError(f"--storage: {storage[10:]} does not exist")  # optuna would create an empty one
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        raise UsageError(f"--study {study_name}: no such study in --storage") from None
+    ranked = ranked_trials(study, OBJECTIVES["mlm"])
+    if len(ranked) < top:
+        raise UsageError(f"--study {study_name}: {len(ranked)} complete trials with a validation loss, "
+                         f"fewer than --top {top}")
+    chosen = ranked[:top]
+    if pick is not None and pick not in {t.number for t in chosen}:
+        extra = [t for t in ranked if t.number == pick]
+        if not extra:
+            raise UsageError(f"--ladder-pick {pick}: not a complete trial of {study_name} with a validation loss")
+        chosen += extra  # crammed like the others: its 1x is part of the story
+    return [(t.number, t.user_attrs["arch"]) for t in chosen], study.user_attrs["train"], study.user_attrs["budget"]
+
+
+def parse_arguments(argv: list[str] | None) -> object:
+    parser = CliParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--study", required=True)
+    parser.add_argument("--storage", required=True, help="the study's Optuna storage, e.g. sqlite:///optuna.db")
+    parser.add_argument("--top", type=int, default=6, help="the study's best complete trials to follow (6 or more)")
+    parser.add_argument("--baselines", default="crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu")
+    parser.add_argument("--budget", help="the 1x budget (default: the study's trial budget)")
+    parser.add_argument("--multiples", default=MULTIPLES)
+    parser.add_argument("--seeds-at", help=f"seeds per multiple where not {SEEDS}, e.g. 30x=1 (the default)")
+    parser.add_argument("--size-fit", help="a search.sizing size-fit.json: the hand designs also resized")
+    parser.add_argument("--ladder-pick", type=int, help="the trial search.confirm --ladder picked")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--cache-dir")
+    parser.add_argument("--out", default="transfer")
+    args = parser.parse_args(argv)
+    if args.top < 1 or args.jobs < 1:
+        parser.error("--top and --jobs: 1 or more")
+    return args
+
+
+@one_line_on_ctrl_c
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    try:
+        plan = settle(args)
+    except CramnasError as error:  # bad flags, study, configs or fit: before any training
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    configs, budget, multiples, seeds_at, pick, notes = plan
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    crams = Crams(out, args.data, args.cache_dir, budget, args.jobs)
+    crams.run(wanted(configs, seeds_at))
+    text = report(configs, cells(crams, configs, seeds_at), budget, multiples, seeds_at, pick, notes)
+    (out / "transfer.md").write_text(text)
+    print("\n" + text)
+    return 0
+
+
+def settle(args) -> tuple:
+    """Every input read and checked: the configurations, 1x budget, multiples, seeds, pick, notes."""
+    from search.sizing import load_size_fit
+
+    if not Path(args.data).is_dir():
+        raise UsageError(f"--data: {args.data} is not a directory")
+    multiples = parse_multiples(args.multiples)
+    seeds_at = parse_seeds_at(args.seeds_at, multiples)
+    trials, train, study_budget = study_candidates(args.storage, args.study, args.top, args.ladder_pick)
+    budget = Budget.parse(args.budget or study_budget or "2e12flops")
+    configs = [Configuration.fixed(f"trial {n}", "candidate", arch, train, multiples) for n, arch in trials]
+    runs = {}
+    for name in filter(None, args.baselines.split(",")):
+        if not (CONFIGS / f"{name}.yaml").is_file():
+            raise UsageError(f"--baselines: {name}: no trainer/configs/{name}.yaml")
+        runs[name] = load_run_config(CONFIGS / f"{name}.yaml")
+    hands = [Configuration.fixed(name, "hand design", run.arch.to_dict(), run.train.to_dict(), multiples)
+             for name, run in runs.items()]
+    notes = []
+    if args.size_fit:
+        if budget.kind != "flops":
+            raise UsageError(f"--size-fit: a size fit is in FLOPs; the 1x budget {budget.text} is not")
+        sized, notes = resized_designs(hands, runs, load_size_fit(args.size_fit), budget, multiples)
+        hands += sized
+    pick = None if args.ladder_pick is None else f"trial {args.ladder_pick}"
+    return configs + hands, budget, multiples, seeds_at, pick, notes
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

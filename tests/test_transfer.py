@@ -1,0 +1,227 @@
+"""benchmarks/transfer.py on made-up crams (the real measurement takes hours): the tables' rank
+correlations, count-model marks, best-at-1x against best-at-30x and the ladder pick's verdicts; the
+resized hand designs; a second call cramming nothing; bad input as one line and exit 2."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import json
+import re
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from trainer.budget import Budget
+from trainer.config import load_run_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+transfer = importlib.import_module("transfer")
+accounting = importlib.import_module("accounting")
+
+MULTIPLES = (1.0, 3.0, 10.0, 30.0)
+SEEDS_AT = {1.0: 3, 3.0: 3, 10.0: 3, 30.0: 1}
+SIZED_CPU = load_run_config(accounting.CONFIGS / "sized-cpu.yaml")
+ARCH = SIZED_CPU.arch.to_dict()
+CONTEXT = 3.0  # the made-up two-neighbour count model
+
+
+def cram_row(name: str, multiple: float, seed: int, loss: float) -> dict:
+    """A line of crams.jsonl as fidelity.cram_job writes it, with what the transfer reads."""
+    return {"key": f"{name}|{multiple:g}x|{seed}", "name": name, "validation_loss": loss, "seconds": 1.0,
+            "tokens": 1000, "flops_per_token": 1e6, "corruption_floor": 5.8, "context_reference": CONTEXT,
+            "unigram_floor": 6.4, "regime": "neighbours"}
+
+
+def made_up(tmp_path: Path, curves: dict[str, dict[float, list[float]]], kinds: dict[str, str] | None = None):
+    """Fixed configurations whose seeds 0, 1, ... scored `curves[name][multiple]`, their crams in
+    tmp_path/crams.jsonl, and the cells the transfer reads from them."""
+    rows = [cram_row(name, m, seed, loss) for name, curve in curves.items() for m, losses in curve.items()
+            for seed, loss in enumerate(losses)]
+    (tmp_path / "crams.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    kinds = kinds or {}
+    configs = [transfer.Configuration.fixed(name, kinds.get(name, "candidate"), ARCH, {}, MULTIPLES)
+               for name in curves]
+    crams = accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=1)
+    return configs, transfer.cells(crams, configs, SEEDS_AT)
+
+
+def seeds(*means: float, spread: float = 0.01) -> dict[float, list[float]]:
+    """A curve over MULTIPLES with SEEDS_AT seeds about each mean."""
+    return {m: [mean + spread * (s - (SEEDS_AT[m] - 1) / 2) for s in range(SEEDS_AT[m])]
+            for m, mean in zip(MULTIPLES, means)}
+
+
+def table_row(text: str, name: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"| {name} |"))
+
+
+def test_each_rung_is_ranked_against_30x_over_the_fixed_configurations_with_intervals(tmp_path):
+    # 1x ranks as 30x does, 3x the other way round; c5 has no 10x cram; a resized design ranks nothing.
+    curves = {f"c{i}": seeds(5.0 + 0.1 * i, 4.5 - 0.1 * i, 4.0 + 0.1 * i, 3.5 + 0.1 * i) for i in range(6)}
+    del curves["c5"][10.0]
+    curves["x@sized"] = seeds(6.0, 2.0, 2.0, 2.0)
+    configs, table = made_up(tmp_path, curves, {"x@sized": "resized"})
+    fixed = [c.name for c in configs if c.kind != "resized"]
+    text = "\n".join(transfer.correlation_table(table, fixed, MULTIPLES, resamples=200))
+    rows = {m: re.search(rf"\| {m} \| 30x \| (\d+) \| (\S+) \((\S+) to (\S+)\) \| (\S+) \((\S+) to (\S+)\) \|", text)
+            for m in ("1x", "3x", "10x")}
+    assert {m: int(row.group(1)) for m, row in rows.items()} == {"1x": 6, "3x": 6, "10x": 5}
+    for row in rows.values():
+        spearman, kendall = (list(map(float, row.group(*g))) for g in ((2, 3, 4), (5, 6, 7)))
+        for point, low, high in (spearman, kendall):
+            assert low <= point <= high
+    assert float(rows["1x"].group(2)) == 1.0 and float(rows["3x"].group(2)) == -1.0
+    assert float(rows["3x"].group(7)) < 0  # reversed: the whole Kendall interval below zero
+    # two configurations have no rank to correlate
+    few = "\n".join(transfer.correlation_table(table, ["c0", "c1"], MULTIPLES, resamples=50))
+    assert "| 1x | 30x | 2 | too few to rank | too few to rank |" in few
+
+
+def test_a_mean_below_the_count_model_is_marked_where_it_first_is(tmp_path):
+    curves = {"deep": seeds(5.0, 4.0, 3.1, CONTEXT - 0.1), "shallow": seeds(5.1, 4.5, 4.0, 3.5)}
+    configs, table = made_up(tmp_path, curves)
+    text = "\n".join(transfer.configuration_table(configs, table, MULTIPLES))
+    deep, shallow = table_row(text, "deep"), table_row(text, "shallow")
+    assert deep.count(transfer.BELOW) == 1 and deep.endswith("| 30x |")
+    assert "2.900 (n=1) beyond-ngrams †" in deep and "3.100 ± " in deep and "neighbours |" in deep
+    assert transfer.BELOW not in shallow and shallow.endswith("| none |")
+    assert text.index("| deep |") < text.index("| shallow |")  # the best at 30x first
+    assert "5.000 ± 0.025 (n=3)" in deep  # seeds 4.99, 5.00, 5.01: the Student-t half-width
+
+
+def test_the_best_at_1x_and_at_30x_are_named_and_compared(tmp_path):
+    curves = {"fast": seeds(4.8, 4.3, 3.9, 3.70), "slow": seeds(5.2, 4.4, 3.6, 3.30),
+              "middle": seeds(5.0, 4.4, 3.8, 3.50)}
+    _, table = made_up(tmp_path, curves)
+    line = transfer.best_lines(table, list(curves), MULTIPLES)[0]
+    assert line.startswith("best at 1x: fast (4.800); best at 30x: slow (3.300): not the same; fast is 3 of 3 at 30x")
+    assert "+0.400" in line and "outside noise" in line  # fast - slow at 30x, noise from 10x's seeds
+    same = transfer.best_lines(table, ["fast", "middle"], MULTIPLES[:2])[0]  # 1x and 3x only: fast both times
+    assert same.endswith("fast (4.300): the same configuration")
+
+
+def test_the_ladder_pick_is_set_against_the_1x_winner_and_the_best_resized_hand_design(tmp_path):
+    curves = {"trial 3": seeds(4.8, 4.3, 3.9, 3.70),  # the 1x winner
+              "trial 7": seeds(5.0, 4.2, 3.7, 3.50),  # the ladder's pick
+              "sized-cpu": seeds(5.1, 4.5, 3.75, 3.45), "sized-cpu@sized": seeds(5.1, 4.4, 3.9, 3.49)}
+    curves["sized-cpu@sized"][10.0] = [3.7, 4.2, 3.4]  # a noisy difference at 10x
+    kinds = {"sized-cpu": "hand design", "sized-cpu@sized": "resized"}
+    configs, table = made_up(tmp_path, curves, kinds)
+    text = transfer.report(configs, table, Budget.parse("2e12flops"), MULTIPLES, SEEDS_AT, pick="trial 7", resamples=50)
+    section = text.split("## The ladder's pick")[1]
+    against_winner = next(line for line in section.splitlines() if "1x winner" in line)
+    against_hand = next(line for line in section.splitlines() if "best resized hand design" in line)
+    against_fixed = next(line for line in section.splitlines() if "best hand design" in line)
+    assert "trial 3 (3.700 at 30x): pick - trial 3 -0.200 ± " in against_winner and "outside noise" in against_winner
+    assert "noise: the seed spread of this difference at 10x, n=3" in against_winner
+    # resized and as designed, each hand design read at 30x
+    assert "sized-cpu@sized (3.490 at 30x): pick - sized-cpu@sized +0.010 ± " in against_hand
+    assert "within noise" in against_hand
+    assert "sized-cpu (3.450 at 30x): pick - sized-cpu +0.050 ± 0.000, outside noise" in against_fixed
+    # the fixed configurations alone are ranked: 3 of them
+    assert "over the 3 fixed configurations" in text and "| 1x | 30x | 3 |" in text
+
+
+def test_a_common_seed_pair_is_an_interval_of_its_own_at_30x(tmp_path):
+    curves = {"a": seeds(5.0, 4.5, 4.0, 3.5), "b": seeds(5.0, 4.5, 4.0, 3.5)}
+    curves["a"][30.0], curves["b"][30.0] = [3.50, 3.52, 3.54], [3.40, 3.41, 3.43]
+    _, table = made_up(tmp_path, curves)
+    table = {name: {**row, 30.0: transfer.Cell(dict(enumerate(curves[name][30.0])), 5.8, CONTEXT, "1x32")}
+             for name, row in table.items()}  # three seeds at 30x
+    assert transfer.paired(table, "a", "b", MULTIPLES).endswith("outside noise (paired by seed, n=3)")
+
+
+def test_hand_designs_are_resized_per_multiple_and_share_crams_where_the_size_is_their_own():
+    from search.sizing import BudgetBest, SizeFit, non_embedding_params, size_family
+
+    grid = ("1x16", "1x32", "1x64", "2x64", "2x128", "4x128")
+    own = non_embedding_params(size_family(SIZED_CPU.arch, ["1x32"])[0])
+    best = tuple(BudgetBest(flops, "1x32", own, "argmin") for flops in (2e12, 6e13))  # the budgets it was fitted on
+    fit = SizeFit(exponent=0.5, coefficient=own / 2e12 ** 0.5, best=best, grid=grid)  # 1x32 at 2e12, more beyond
+    hand = transfer.Configuration.fixed("sized-cpu", "hand design", ARCH, SIZED_CPU.train.to_dict(), MULTIPLES)
+    (sized,), _ = transfer.resized_designs([hand], {"sized-cpu": SIZED_CPU}, fit, Budget.parse("2e12flops"), MULTIPLES)
+    assert sized.name == "sized-cpu@sized" and sized.kind == "resized"
+    assert sized.crammed_as[1.0] == "sized-cpu" and sized.archs[1.0] == ARCH  # its own size at 1x: its crams
+    assert sized.crammed_as[30.0] == "sized-cpu@sized"
+    sizes = [(sized.archs[m]["layers"], sized.archs[m]["hidden"]) for m in MULTIPLES]
+    assert sizes == sorted(sizes, key=lambda s: s[0] * s[1]) and sizes[-1] != (1, 32)  # grows with compute
+    keys = {(name, m, seed) for name, _, _, m, seed in transfer.wanted([hand, sized], SEEDS_AT)}
+    assert ("sized-cpu", 1.0, 2) in keys and ("sized-cpu@sized", 1.0, 0) not in keys
+    assert len([k for k in keys if k[1] == 30.0]) == 2  # one seed each at 30x
+
+
+class InlinePool(concurrent.futures.ThreadPoolExecutor):
+    """`Crams.run`'s process pool, in this process: the patched cram function is the one called."""
+
+    def __init__(self, workers: int, mp_context=None):
+        super().__init__(workers)
+
+
+def test_a_second_call_crams_nothing_that_is_done(tmp_path, monkeypatch):
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", InlinePool)
+    called = []
+
+    def fake_cram(job: dict) -> dict:
+        called.append(job["key"])
+        name, multiple, seed = job["key"].split("|")
+        return cram_row(name, float(multiple[:-1]), int(seed), 5.0 - 0.1 * float(multiple[:-1]) ** 0.5)
+
+    configs = [transfer.Configuration.fixed(name, "candidate", ARCH, {}, MULTIPLES) for name in ("trial 1", "trial 2")]
+    monkeypatch.setattr(accounting, "cram_job", fake_cram)
+    accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), 1).run(transfer.wanted(configs, SEEDS_AT))
+    assert len(called) == 2 * 10 and len((tmp_path / "crams.jsonl").read_text().splitlines()) == 20
+
+    def fail(job: dict) -> dict:
+        raise AssertionError(f"crammed {job['key']} again")
+
+    monkeypatch.setattr(accounting, "cram_job", fail)
+    crams = accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), 1)
+    crams.run(transfer.wanted(configs, SEEDS_AT))  # everything done: nothing crammed
+    table = transfer.cells(crams, configs, SEEDS_AT)
+    assert {m: len(cell.by_seed) for m, cell in table["trial 1"].items()} == SEEDS_AT
+    more = transfer.wanted(configs, {**SEEDS_AT, 30.0: 2})  # a second seed at 30x is new
+    with pytest.raises(AssertionError, match=r"crammed trial \d\|30x\|1 again"):
+        crams.run(more)
+
+
+def study_storage(tmp_path: Path, losses: list[float]) -> str:
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.set_user_attr("train", {})
+    study.set_user_attr("budget", "2e12flops")
+    for loss in losses:
+        study.add_trial(optuna.trial.create_trial(value=loss, user_attrs={"arch": ARCH, "metrics": {"validation_loss": loss}}))
+    return storage
+
+
+def test_seeds_are_3_at_each_multiple_and_1_at_30x_unless_told():
+    assert transfer.parse_seeds_at(None, MULTIPLES) == SEEDS_AT
+    assert transfer.parse_seeds_at(None, (1.0, 3.0)) == {1.0: 3, 3.0: 3}
+    assert transfer.parse_seeds_at("30x=2,1=4", MULTIPLES) == {1.0: 4, 3.0: 3, 10.0: 3, 30.0: 2}
+    assert transfer.parse_multiples("1, 3x,10,30") == MULTIPLES
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    storage = study_storage(tmp_path, [5.0, 4.9, 5.1])
+    flags = ["--data", str(tmp_path), "--study", "s", "--storage", storage, "--out", str(tmp_path / "out")]
+    for extra, message in ((["--top", "6"], "--study s: 3 complete trials with a validation loss, fewer than --top 6"),
+                           (["--top", "3", "--seeds-at", "5x=1"], "--seeds-at: '5x=1'"),
+                           (["--top", "3", "--multiples", "1,30,10"], "--multiples:"),
+                           (["--top", "3", "--baselines", "nope-cpu"], "--baselines: nope-cpu"),
+                           (["--top", "3", "--ladder-pick", "9"], "--ladder-pick 9: not a complete trial"),
+                           (["--top", "3", "--size-fit", str(tmp_path / "none.json")], "cannot read a size fit")):
+        assert transfer.main(flags + extra) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert transfer.main(["--data", str(tmp_path), "--study", "t", "--storage", storage]) == 2
+    assert "--study t: no such study" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing made before the input is good
+
+
+def test_the_candidates_are_the_top_trials_and_the_ladder_pick_beside_them(tmp_path):
+    storage = study_storage(tmp_path, [5.0, 4.9, 5.1, 4.8])
+    trials, train, budget = transfer.study_candidates(storage, "s", 2, pick=2)
+    assert [number for number, _ in trials] == [3, 1, 2] and budget == "2e12flops" and train == {}
