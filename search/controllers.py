@@ -220,13 +220,16 @@ def make_sampler(controller: str, objective: str, space: SearchSpace, seed: int 
 
 def open_study(name: str, storage: str | BaseStorage | None, controller: str, objective: str,
                space: SearchSpace, seed: int | None = None, resume: bool = False,
-               warm_starts: Sequence[tuple[str, ArchConfig]] = (), cover: bool = False) -> optuna.Study:
+               warm_starts: Sequence[tuple[str, ArchConfig]] = (), cover: bool = False,
+               trials: int | None = None) -> optuna.Study:
     """Create study `name` in `storage`, or with `resume` reopen it with the same settings.
 
     A new study's first trials are queued here (`search.warm_start.first_draw`): the `warm_starts`
     (name, architecture), then with `cover` a covering design that trains every value of every
     choice and bool; the sampler models only after them (its start-up trials, evolution's and
-    NSGA-II's first population), a number stored with the study so that a resume builds the same."""
+    NSGA-II's first population), a number stored with the study so that a resume builds the same.
+    A study of fewer `trials` than that queues only its first `trials` (none left waiting), and a
+    resume to more trials does not add the rest: its sampler takes over after those."""
     from search.warm_start import enqueue_first_draw, first_draw
 
     settings = {attrs.CONTROLLER: controller, attrs.OBJECTIVE: objective, attrs.SPACE: space.name, attrs.SEED: seed}
@@ -235,7 +238,7 @@ def open_study(name: str, storage: str | BaseStorage | None, controller: str, ob
     if not resume:
         if exists:
             raise CramnasError(f"study {name} exists in {where}; pass --resume or choose another --study")
-        draw = first_draw(space, warm_starts, cover, seed)
+        draw = first_draw(space, warm_starts, cover, seed)[:trials]
         study = optuna.create_study(study_name=name, storage=storage,
                                     sampler=make_sampler(controller, objective, space, seed, len(draw)),
                                     directions=list(OBJECTIVES[objective].directions))

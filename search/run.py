@@ -340,7 +340,7 @@ def make_plan(args: argparse.Namespace) -> StudyPlan:
                          checkpoint_dir=str(checkpoints) if checkpoints else None)
     # Last, once everything else is known good: creates the study, or reopens it to resume.
     optuna_study = controllers.open_study(study, storage, args.controller, args.objective, space, args.seed,
-                                          args.resume, warm_starts=warm, cover=not args.no_cover)
+                                          args.resume, warm_starts=warm, cover=not args.no_cover, trials=args.trials)
     return StudyPlan(study, optuna_study, args.resume, args.trials, args.controller, checked.objective, space,
                 checked.space_path, budget, template, checked.resources, args.max_concurrent, checked.early_stop,
                 tracking_uri, storage, args.address, args.seed, unigram_floor=data.unigram_floor,

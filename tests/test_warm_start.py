@@ -60,6 +60,13 @@ def test_without_the_first_draw_a_16_trial_tpe_study_leaves_values_untried():
     assert uncovered(CPU, [p.config for p in run(study, CPU, 16)])
 
 
+def test_a_study_shorter_than_its_first_draw_queues_only_its_own_trials():
+    study = open_study("s", None, "tpe", "mlm", CPU, seed=0, warm_starts=hand_designs("cpu"), cover=True, trials=3)
+    assert [p.warm_start for p in run(study, CPU, 3)] == ["sized-cpu", "neobert-cpu", "modernbert-cpu"]
+    assert study.get_trials(states=(optuna.trial.TrialState.WAITING,)) == []  # nothing left to inflate the counts
+    assert study.user_attrs[attrs.STARTUP] == 3
+
+
 def test_the_samplers_model_only_after_the_first_draw_and_a_resume_keeps_it(tmp_path):
     url = f"sqlite:///{tmp_path}/optuna.db"
     study = open_study("s", url, "tpe", "mlm", CPU, seed=0, warm_starts=hand_designs("cpu"), cover=True)
