@@ -186,7 +186,7 @@ def estimate_line(plan: ConfirmPlan, profile: str | None) -> str:
 
     from glue import ProbeLimits
     from search.estimate import Costs, device_time, ladder_hours
-    from search.run import PROFILES
+    from search.paths import PROFILES
 
     name = profile or ("gpu" if torch.cuda.is_available() else "cpu")
     path = PROFILES / f"{name}.yaml"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from search.paths import CONFIGS, PROFILES, SPACES
 from search.resources import auto_cpus_per_trial, local_gpus
 from space.errors import CramnasError, UsageError
 from trainer.console import VERBOSE_HELP, CliParser, one_line_on_ctrl_c, quiet_libraries
@@ -32,9 +33,6 @@ if TYPE_CHECKING:  # imported for real only after the flags are checked (torch, 
     from trainer.config import TrainConfig
     from trainer.data import PretrainData
 
-PROFILES = Path(__file__).parent / "profiles"
-CONFIGS = Path(__file__).resolve().parents[1] / "trainer" / "configs"
-SPACES = Path(__file__).resolve().parents[1] / "space" / "spaces"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

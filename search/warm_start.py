@@ -37,7 +37,7 @@ def hand_designs(profile: str | dict[str, Any]) -> list[tuple[str, ArchConfig]]:
     is a profile's name (search/profiles/<name>.yaml) or its loaded settings."""
     import yaml
 
-    from search.run import CONFIGS, PROFILES
+    from search.paths import CONFIGS, PROFILES
     from trainer.config import load_run_config
 
     if isinstance(profile, str):
