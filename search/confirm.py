@@ -43,13 +43,13 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from search import ladder as ladders
 from search import tags as tag
 from search.next_steps import StudyFlags, data_settings, next_steps
 from search.objectives import DEFAULT_OBJECTIVE, Objective, objective_named
+from search.paths import CONFIGS
 from search.states import COMPLETE, FAILED
 from space.errors import CramnasError, UsageError
 from trainer.console import VERBOSE_HELP, CliParser, count, floor_gap, one_line_on_ctrl_c, quiet_libraries
@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # imported for real only once the flags are checked
     from trainer.data import PretrainData
 
 SEED_OFFSET = 1000  # confirmation seeds start above the study's, far from any seed a user picks by hand
-BASELINES = Path(__file__).resolve().parents[1] / "trainer" / "configs"  # where --baselines names are looked up
+BASELINES = CONFIGS  # where --baselines names are looked up
 
 
 @dataclass
