@@ -298,7 +298,8 @@ def test_export_writes_the_winning_design_at_the_size_the_fit_picks_for_the_targ
         assert sizing["target_budget"] == "1e12flops" and sizing["size_fit"]["exponent"] == pytest.approx(fit.exponent)
         assert "sized for 1e12flops: 2x64" in capsys.readouterr().out
         for extra, message in ((["--target-budget", "1e12flops"], "--target-budget: needs --size-fit"),
-                               (["--target-budget", "60s", "--size-fit", str(fit_file)], "60s is seconds; the fit is over compute"),
+                               (["--target-budget", "60s", "--size-fit", str(fit_file)],
+                                "60s is seconds; the fit is over compute"),
                                (["--size-fit", str(fit_file)], "--size-fit: only with --target-budget")):
             assert export.main([*flags, *extra]) == 2
             assert message in capsys.readouterr().err
