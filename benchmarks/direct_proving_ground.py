@@ -1,0 +1,231 @@
+"""The proving ground without Ray Tune or MLflow: issue 25's test of the default controller against
+random search, for a machine that has neither (the GPU session carries no Ray or MLflow wheels).
+
+    CRAMNAS_CACHE=/tmp/cramnas-cache python benchmarks/direct_proving_ground.py --data ../shared/data \\
+        [--studies tpe:0,tpe:1,tpe:2,random:0,random:1,random:2] [--trials 32] [--budget 2e12flops] \\
+        [--deadline-s 600] [--jobs 12] [--out direct-proving-ground]
+
+Stages, each resumable (a second call does only what is missing):
+1. one study per `controller:seed`, side by side in processes of their own, on the CPU profile's space
+   and trial settings, each as `search.run` opens it (`search.controllers.open_study` with the
+   profile's warm starts and the covering design, the same sampler and start-up count) and drives it
+   with the same `ask`/`tell`, in `<out>/<study>.db`. Each trial is crammed to its whole budget in
+   the driver's process: there is no ASHA here, so a study spends its full 32 trials (the compute
+   `benchmarks/accounting.py`'s payback counts is what it spent). No trial starts after
+   `--deadline-s`; a trial cut short by a kill is failed and re-run by the next call, as
+   `search.run --resume` does;
+2. each study's winner (its best complete trial) and the hand designs sized-cpu, neobert-cpu and
+   modernbert-cpu crammed with seeds 0, 1 and 2 at 1x and 3x the trial budget, and sized-cpu at 2x,
+   4x and 8x for the compute-equivalent multiple (`benchmarks/accounting.py`'s `Crams`, `--jobs` at a
+   time, in `<out>/crams.jsonl`);
+3. the table, seed by seed (`<out>/proving_ground.md`, printed): each winner at 1x and 3x against
+   sized-cpu (paired by seed, with whether the difference is outside noise), its compute-equivalent
+   multiple over sized-cpu's curve (Primer's), and how many final runs pay back its study's compute.
+
+On a GPU every cram runs in bf16 autocast (`trainer.device`), on a CPU in fp32: compare numbers from
+one machine only. `benchmarks/proving_ground.py` is the same test through `search.run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from accounting import CONFIGS, SEEDS, Crams, compute_equivalent, paired, payback, study_compute, study_winner  # noqa: E402
+from fidelity import profile_setup  # noqa: E402
+
+from search.paths import SPACES  # noqa: E402
+from search.stats import mean_interval  # noqa: E402
+from space.arch import ArchConfig  # noqa: E402
+from space.search_space import load_space  # noqa: E402
+from trainer.budget import Budget  # noqa: E402
+from trainer.regimes import regime  # noqa: E402
+
+STUDIES = "tpe:0,tpe:1,tpe:2,random:0,random:1,random:2"
+BASELINES = ("sized-cpu", "neobert-cpu", "modernbert-cpu")
+CONFIRM = (1, 3)  # the multiples every winner and baseline is crammed at, with SEEDS
+CURVE = (1, 2, 3, 4, 8)  # sized-cpu's multiples: the compute-equivalent multiple reads its loss curve
+PAYBACK_RUNS = 10  # issue 25's target: each study pays back its compute within this many final runs
+
+
+def study_name(spec: str) -> str:
+    controller, seed = spec.split(":")
+    return f"pg-{controller}-s{seed}"
+
+
+def storage_of(out: str, name: str) -> str:
+    """One SQLite file a study: the studies run side by side, and SQLite takes one writer at a time."""
+    return f"sqlite:///{Path(out).resolve() / name}.db"
+
+
+# ---- 1. the studies -----------------------------------------------------------------------------
+
+def drive(job: dict) -> str:
+    """Run study `job["spec"]` to `job["trials"]` finished trials, or until the deadline."""
+    import optuna
+    import torch
+
+    from search import attrs
+    from search.controllers import DRIVER_DIED, ask, open_study, rerun_cut_short, study_counts, tell
+    from search.states import COMPLETE, FAILED, PRUNED, REPEAT
+    from search.warm_start import warm_starts
+    from trainer.corpus import CorpusSource
+    from trainer.cram import cram
+    from trainer.data import prepare_data
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    torch.set_num_threads(job["threads"])
+    controller, seed = job["spec"].split(":")
+    name = study_name(job["spec"])
+    storage = storage_of(job["out"], name)
+    profile, train, _ = profile_setup("cpu")
+    space = load_space(SPACES / profile["space"])
+    resume = name in optuna.study.get_all_study_names(storage)
+    study = open_study(name, storage, controller, "mlm", space, int(seed), resume=resume,
+                       warm_starts=() if resume else warm_starts("profile", profile, space),
+                       cover=True, trials=job["trials"])
+    if not resume:
+        study.set_user_attr(attrs.TRAIN, train.to_dict())
+        study.set_user_attr(attrs.BUDGET, job["budget"])
+    stale = [t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))]
+    for number in stale:  # a kill cut these short: failed, then trained again first
+        tell(study, number, state=FAILED, reason=DRIVER_DIED)
+    counts = study_counts(study)
+    rerun_cut_short(study, job["trials"] - sum(counts[state] for state in (COMPLETE, PRUNED, FAILED)))
+    data = prepare_data(CorpusSource.from_args(data_dir=job["data"]), vocab_size=space.fixed["vocab_size"],
+                        seq_len=space.fixed["max_seq_len"], cache_dir=job["cache_dir"])
+    budget = Budget.parse(job["budget"])
+    while time.time() < job["deadline"]:
+        counts = study_counts(study)
+        if sum(counts[state] for state in (COMPLETE, PRUNED, FAILED)) >= job["trials"]:
+            break
+        proposal = ask(study, space)
+        if proposal.repeat_of is not None:  # the same architecture again: its result, told again
+            original = study.trials[proposal.repeat_of]
+            tell(study, proposal.number, original.values, state=REPEAT, metrics=original.user_attrs.get(attrs.METRICS))
+            continue
+        try:
+            result = cram(proposal.config, train, data, budget)
+        except Exception as error:  # recorded with its reason; the study goes on
+            tell(study, proposal.number, state=FAILED, reason=f"{type(error).__name__}: {error}".splitlines()[0])
+            continue
+        metrics = {key: value for key, value in result.to_dict().items() if isinstance(value, (int, float))}
+        tell(study, proposal.number, [result.validation_loss], metrics=metrics)
+        print(f"{name} trial {proposal.number}"
+              + (f" ({proposal.warm_start or proposal.first_draw})" if proposal.warm_start or proposal.first_draw else "")
+              + f": {proposal.config.describe()} {result.validation_loss:.4f}", flush=True)
+    counts = study_counts(study)
+    return f"{name}: {counts[COMPLETE]} complete, {counts[FAILED]} failed"
+
+
+def run_studies(args: argparse.Namespace) -> None:
+    from trainer.corpus import CorpusSource
+    from trainer.data import prepare_data
+
+    specs = args.studies.split(",")
+    profile, _, _ = profile_setup("cpu")
+    fixed = load_space(SPACES / profile["space"]).fixed
+    # Tokenised once here, before the processes would race to write the same cache.
+    prepare_data(CorpusSource.from_args(data_dir=args.data), vocab_size=fixed["vocab_size"],
+                 seq_len=fixed["max_seq_len"], cache_dir=args.cache_dir)
+    deadline = time.time() + args.deadline_s  # counted from here: the data's first preparation takes a minute
+    threads = max(1, (os.cpu_count() or 1) // len(specs))
+    jobs = [{"spec": spec, "out": args.out, "trials": args.trials, "budget": args.budget, "data": args.data,
+             "cache_dir": args.cache_dir, "deadline": deadline, "threads": threads} for spec in specs]
+    with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
+        for line in pool.map(drive, jobs):
+            print(line, flush=True)
+
+
+# ---- 2. the confirmations -----------------------------------------------------------------------
+
+def confirm(args: argparse.Namespace, names: list[str]) -> tuple[Crams, dict]:
+    from trainer.config import load_run_config
+
+    winners = {}
+    for name in names:
+        arch, train, _ = study_winner(storage_of(args.out, name), name)
+        winners[name] = (arch, train)
+    baselines = {name: load_run_config(CONFIGS / f"{name}.yaml") for name in BASELINES}
+    configs = {**winners, **{name: (run.arch.to_dict(), run.train.to_dict()) for name, run in baselines.items()}}
+    crams = Crams(Path(args.out), args.data, args.cache_dir, Budget.parse(args.budget), args.jobs)
+    crams.run([(name, arch, train, m, seed) for name, (arch, train) in configs.items() for m in CONFIRM for seed in SEEDS]
+              + [("sized-cpu", *configs["sized-cpu"], m, seed) for m in CURVE for seed in SEEDS])
+    return crams, configs
+
+
+# ---- 3. the table -------------------------------------------------------------------------------
+
+def mean_text(values: list[float]) -> str:
+    if not values:
+        return "–"
+    mean, half = mean_interval(values)
+    return f"{mean:.3f}" + (f" ± {half:.3f}" if half is not None else "")
+
+
+def table(crams: Crams, configs: dict, names: list[str], out: str, budget: Budget) -> str:
+    reference = crams.any("sized-cpu")
+    floor, count = reference["corruption_floor"], reference["context_reference"]
+    curve = [statistics.mean(crams.losses("sized-cpu", m)) for m in CURVE]
+    lines = [f"# The proving ground at {budget.text} per trial ({len(SEEDS)} seeds per cram, on {reference['device']})", "",
+             f"References: corruption floor {floor:.3f}, two-neighbour count model {count:.3f}; sized-cpu's curve "
+             + ", ".join(f"{m}x {loss:.3f}" for m, loss in zip(CURVE, curve)) + ".", "",
+             "| configuration | 1x | 3x | regime at 1x | 1x − sized-cpu | 3x − sized-cpu | multiple | payback |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name in [*BASELINES, *names]:
+        arch = ArchConfig.from_dict(configs[name][0])
+        ones, threes = crams.losses(name, 1), crams.losses(name, 3)
+        cells = [f"{name}: {arch.describe()}", mean_text(ones), mean_text(threes),
+                 regime(statistics.mean(ones), floor, count) if ones else "–"]
+        if name in names:
+            cells += [paired(crams.losses("sized-cpu", 1), ones), paired(crams.losses("sized-cpu", 3), threes)]
+            factor = compute_equivalent(list(CURVE), curve, statistics.mean(ones))
+            cost = study_compute(storage_of(out, name), name)
+            paid = payback(cost["flops"], statistics.mean(crams.flops(name, 1)), factor)
+            cells += [f">{CURVE[-1]}x" if factor is None else f"{factor:.2f}x",
+                      "never" if paid["payback_runs"] is None else
+                      f"{paid['payback_runs']:.1f} runs ({cost['trials']} trials = {paid['search_in_final_runs']:.0f} finals)"]
+        else:
+            cells += ["", "", "", ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "multiple: the compute sized-cpu needs for the winner's 1x mean loss (interpolated in log compute "
+              "over its curve); payback: final runs at 1x after which the study's compute is paid back "
+              f"(target ≤ {PAYBACK_RUNS}), its size in final runs beside it."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--studies", default=STUDIES, help="controller:seed, comma-separated")
+    parser.add_argument("--trials", type=int, default=32)
+    parser.add_argument("--budget", default="2e12flops", help="each trial's (the 1x budget)")
+    parser.add_argument("--deadline-s", type=float, default=float("inf"), help="no trial starts after this many seconds")
+    parser.add_argument("--stages", default="studies,confirm", help="studies, confirm (the table follows confirm)")
+    parser.add_argument("--jobs", type=int, default=2, help="confirmation crams at once")
+    parser.add_argument("--cache-dir")
+    parser.add_argument("--out", default="direct-proving-ground")
+    args = parser.parse_args()
+    Budget.parse(args.budget)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = [study_name(spec) for spec in args.studies.split(",")]
+    stages = set(args.stages.split(","))
+    if "studies" in stages:
+        run_studies(args)
+    if "confirm" in stages:
+        crams, configs = confirm(args, names)
+        text = table(crams, configs, names, args.out, Budget.parse(args.budget))
+        (out / "proving_ground.md").write_text(text)
+        print("\n" + text)
+
+
+if __name__ == "__main__":
+    main()
