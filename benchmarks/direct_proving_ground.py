@@ -157,7 +157,7 @@ def confirm(args: argparse.Namespace, names: list[str]) -> tuple[Crams, dict]:
     configs = {**winners, **{name: (run.arch.to_dict(), run.train.to_dict()) for name, run in baselines.items()}}
     crams = Crams(Path(args.out), args.data, args.cache_dir, Budget.parse(args.budget), args.jobs)
     crams.run([(name, arch, train, m, seed) for name, (arch, train) in configs.items() for m in CONFIRM for seed in SEEDS]
-              + [("sized-cpu", *configs["sized-cpu"], m, seed) for m in CURVE for seed in SEEDS])
+              + [("sized-cpu", *configs["sized-cpu"], m, seed) for m in args.curve for seed in SEEDS])
     return crams, configs
 
 
@@ -170,26 +170,30 @@ def mean_text(values: list[float]) -> str:
     return f"{mean:.3f}" + (f" ± {half:.3f}" if half is not None else "")
 
 
-def table(crams: Crams, configs: dict, names: list[str], out: str, budget: Budget) -> str:
+def table(crams: Crams, configs: dict, names: list[str], out: str, budget: Budget, curve_at: tuple[float, ...]) -> str:
     reference = crams.any("sized-cpu")
     floor, count = reference["corruption_floor"], reference["context_reference"]
-    curve = [statistics.mean(crams.losses("sized-cpu", m)) for m in CURVE]
+    curve_at = [m for m in curve_at if crams.losses("sized-cpu", m)]  # what has run
+    curve = [statistics.mean(crams.losses("sized-cpu", m)) for m in curve_at]
     lines = [f"# The proving ground at {budget.text} per trial ({len(SEEDS)} seeds per cram, on {reference['device']})", "",
              f"References: corruption floor {floor:.3f}, two-neighbour count model {count:.3f}; sized-cpu's curve "
-             + ", ".join(f"{m}x {loss:.3f}" for m, loss in zip(CURVE, curve)) + ".", "",
+             + ", ".join(f"{m:g}x {loss:.3f}" for m, loss in zip(curve_at, curve)) + ".", "",
              "| configuration | 1x | 3x | regime at 1x | 1x − sized-cpu | 3x − sized-cpu | multiple | payback |",
              "|---|---|---|---|---|---|---|---|"]
     for name in [*BASELINES, *names]:
         arch = ArchConfig.from_dict(configs[name][0])
         ones, threes = crams.losses(name, 1), crams.losses(name, 3)
+        if not ones:
+            continue
         cells = [f"{name}: {arch.describe()}", mean_text(ones), mean_text(threes),
                  regime(statistics.mean(ones), floor, count) if ones else "–"]
         if name in names:
-            cells += [paired(crams.losses("sized-cpu", 1), ones), paired(crams.losses("sized-cpu", 3), threes)]
-            factor = compute_equivalent(list(CURVE), curve, statistics.mean(ones))
+            cells += [paired(crams.losses("sized-cpu", m), losses) if losses else "–"
+                      for m, losses in ((1, ones), (3, threes))]
+            factor = compute_equivalent(curve_at, curve, statistics.mean(ones))
             cost = study_compute(storage_of(out, name), name)
             paid = payback(cost["flops"], statistics.mean(crams.flops(name, 1)), factor)
-            cells += [f">{CURVE[-1]}x" if factor is None else f"{factor:.2f}x",
+            cells += [f">{curve_at[-1]:g}x" if factor is None else f"{factor:.2f}x",
                       "never" if paid["payback_runs"] is None else
                       f"{paid['payback_runs']:.1f} runs ({cost['trials']} trials = {paid['search_in_final_runs']:.0f} finals)"]
         else:
@@ -209,6 +213,8 @@ def main() -> None:
     parser.add_argument("--budget", default="2e12flops", help="each trial's (the 1x budget)")
     parser.add_argument("--deadline-s", type=float, default=float("inf"), help="no trial starts after this many seconds")
     parser.add_argument("--stages", default="studies,confirm", help="studies, confirm (the table follows confirm)")
+    parser.add_argument("--curve", default=CURVE, type=lambda text: tuple(float(m) for m in text.split(",")),
+                        help="sized-cpu's multiples for the compute-equivalent multiple (default 1,2,3,4,8)")
     parser.add_argument("--jobs", type=int, default=2, help="confirmation crams at once")
     parser.add_argument("--cache-dir")
     parser.add_argument("--out", default="direct-proving-ground")
@@ -222,7 +228,7 @@ def main() -> None:
         run_studies(args)
     if "confirm" in stages:
         crams, configs = confirm(args, names)
-        text = table(crams, configs, names, args.out, Budget.parse(args.budget))
+        text = table(crams, configs, names, args.out, Budget.parse(args.budget), args.curve)
         (out / "proving_ground.md").write_text(text)
         print("\n" + text)
 

@@ -47,7 +47,7 @@ pg=("$py" benchmarks/direct_proving_ground.py --data "$data" --studies "$studies
 echo "=== studies (no trial starts after ${STUDY_S}s) ===" | tee -a "$log"
 timeout "$(left)" "${pg[@]}" --stages studies --deadline-s "$STUDY_S" 2>&1 | tee -a "$log"
 echo "=== confirmations ($(left)s left) ===" | tee -a "$log"
-timeout "$(left)" "${pg[@]}" --stages confirm 2>&1 | tee -a "$log"
+timeout "$(left)" "${pg[@]}" --stages confirm --curve "${CURVE:-1,2,3,4,8}" 2>&1 | tee -a "$log"
 if [ "$(left)" -gt 20 ]; then
     echo "=== transfer ($(left)s left) ===" | tee -a "$log"
     timeout "$(left)" "$py" benchmarks/transfer.py --data "$data" --study pg-tpe-s0 \

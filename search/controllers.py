@@ -148,6 +148,9 @@ class Controller:
 
     make: Callable[[SearchSpace, int | None, int | None], BaseSampler]  # (space, seed, start-up trials)
     multi_objective: bool
+    # Whether a sampler made again with the same seed continues where the first left off: evolution
+    # rebuilds its state from the trials. Optuna's samplers restart their random stream instead.
+    resumes_exactly: bool = False
 
 
 def _tpe(space: SearchSpace, seed: int | None, startup: int | None) -> BaseSampler:
@@ -196,7 +199,7 @@ CONTROLLERS: dict[str, Controller] = {
     "cmaes": Controller(_cmaes, multi_objective=False),
     "gp": Controller(_gp, multi_objective=True),  # Optuna 5's GPSampler uses log EHVI for several
     "evolution": Controller(lambda space, seed, startup: RegularizedEvolutionSampler(
-        space, population_size=_population(startup), seed=seed), multi_objective=False),
+        space, population_size=_population(startup), seed=seed), multi_objective=False, resumes_exactly=True),
 }
 
 
@@ -248,7 +251,10 @@ def open_study(name: str, storage: str | BaseStorage | None, controller: str, ob
         return study
     if not exists:
         raise CramnasError(f"study {name} not found in {where}; drop --resume to start it")
-    stored = optuna.load_study(study_name=name, storage=storage).user_attrs
+    loaded = optuna.load_study(study_name=name, storage=storage)
+    stored = loaded.user_attrs
+    if controller in CONTROLLERS and not CONTROLLERS[controller].resumes_exactly:
+        seed = resumed_seed(seed, len(loaded.get_trials(deepcopy=False)))
     sampler = make_sampler(controller, objective, space, seed, stored.get(attrs.STARTUP))
     study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     for key, value in settings.items():
@@ -256,6 +262,14 @@ def open_study(name: str, storage: str | BaseStorage | None, controller: str, ob
             raise CramnasError(f"study {name} was created with --{key} {stored.get(key)}, not {value}; "
                              f"resume it with --{key} {stored.get(key)} or choose another --study")
     return study
+
+
+def resumed_seed(seed: int | None, trials: int) -> int | None:
+    """The sampler seed of a study resumed with `trials` trials: its own seed moved on by them. The
+    same seed again restarts an Optuna sampler's random stream, so random search (and any sampler's
+    random draws) would propose the first session's architectures again, each told as a repeat: a
+    32-trial random study resumed after 18 trials repeated trials 11-17 as trials 18-24."""
+    return None if seed is None or trials == 0 else (seed * 1_000_003 + trials) % 2**31
 
 
 @dataclass(frozen=True)

@@ -212,6 +212,17 @@ def test_resume_continues_exactly(space, tmp_path):
     assert all(p.parent_trial is not None for p in after[-4:])
 
 
+@pytest.mark.parametrize("controller", ["random", "tpe"])
+def test_a_resumed_study_draws_new_architectures(space, tmp_path, controller):
+    # A resumed Optuna sampler with the study's own seed would restart its random stream and
+    # propose the first session's architectures again (each a repeat that trains nothing).
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    first = run(open_study("s", url, controller, "probe", space, seed=0), space, 6)
+    again = run(open_study("s", url, controller, "probe", space, seed=0, resume=True), space, 6)
+    assert [p.repeat_of for p in again] == [None] * 6
+    assert {p.fingerprint for p in again}.isdisjoint(p.fingerprint for p in first)
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
 def test_open_study_refuses_mismatches(space, tmp_path, kind):
     def storage():  # a fresh handle each time, as a new driver process would open it
