@@ -14,9 +14,9 @@ Stages, each resumable (a second call does only what is missing):
    `benchmarks/accounting.py`'s payback counts is what it spent). No trial starts after
    `--deadline-s`; a trial cut short by a kill is failed and re-run by the next call, as
    `search.run --resume` does;
-2. each study's winner (its best complete trial) and the hand designs sized-cpu, neobert-cpu and
-   modernbert-cpu crammed with seeds 0, 1 and 2 at 1x and 3x the trial budget, and sized-cpu at 2x,
-   4x and 8x for the compute-equivalent multiple (`benchmarks/accounting.py`'s `Crams`, `--jobs` at a
+2. each study's winner (its best complete trial) and the hand designs `--baselines` (sized-cpu,
+   neobert-cpu and modernbert-cpu) crammed with seeds 0, 1 and 2 at `--confirm-at` (1x and 3x the
+   trial budget), and sized-cpu at `--curve` (1x to 8x) for the compute-equivalent multiple (`benchmarks/accounting.py`'s `Crams`, `--jobs` at a
    time, in `<out>/crams.jsonl`);
 3. the table, seed by seed (`<out>/proving_ground.md`, printed): each winner at 1x and 3x against
    sized-cpu (paired by seed, with whether the difference is outside noise), its compute-equivalent
@@ -49,8 +49,8 @@ from trainer.budget import Budget  # noqa: E402
 from trainer.regimes import regime  # noqa: E402
 
 STUDIES = "tpe:0,tpe:1,tpe:2,random:0,random:1,random:2"
-BASELINES = ("sized-cpu", "neobert-cpu", "modernbert-cpu")
-CONFIRM = (1, 3)  # the multiples every winner and baseline is crammed at, with SEEDS
+BASELINES = "sized-cpu,neobert-cpu,modernbert-cpu"  # sized-cpu always: the winners are read against it
+CONFIRM = "1,3"  # the multiples every winner and baseline is crammed at, with SEEDS
 CURVE = (1, 2, 3, 4, 8)  # sized-cpu's multiples: the compute-equivalent multiple reads its loss curve
 PAYBACK_RUNS = 10  # issue 25's target: each study pays back its compute within this many final runs
 
@@ -153,10 +153,10 @@ def confirm(args: argparse.Namespace, names: list[str]) -> tuple[Crams, dict]:
     for name in names:
         arch, train, _ = study_winner(storage_of(args.out, name), name)
         winners[name] = (arch, train)
-    baselines = {name: load_run_config(CONFIGS / f"{name}.yaml") for name in BASELINES}
+    baselines = {name: load_run_config(CONFIGS / f"{name}.yaml") for name in args.baselines}
     configs = {**winners, **{name: (run.arch.to_dict(), run.train.to_dict()) for name, run in baselines.items()}}
     crams = Crams(Path(args.out), args.data, args.cache_dir, Budget.parse(args.budget), args.jobs)
-    crams.run([(name, arch, train, m, seed) for name, (arch, train) in configs.items() for m in CONFIRM for seed in SEEDS]
+    crams.run([(name, arch, train, m, seed) for name, (arch, train) in configs.items() for m in args.confirm_at for seed in SEEDS]
               + [("sized-cpu", *configs["sized-cpu"], m, seed) for m in args.curve for seed in SEEDS])
     return crams, configs
 
@@ -180,7 +180,7 @@ def table(crams: Crams, configs: dict, names: list[str], out: str, budget: Budge
              + ", ".join(f"{m:g}x {loss:.3f}" for m, loss in zip(curve_at, curve)) + ".", "",
              "| configuration | 1x | 3x | regime at 1x | 1x − sized-cpu | 3x − sized-cpu | multiple | payback |",
              "|---|---|---|---|---|---|---|---|"]
-    for name in [*BASELINES, *names]:
+    for name in [name for name in configs if name not in names] + names:
         arch = ArchConfig.from_dict(configs[name][0])
         ones, threes = crams.losses(name, 1), crams.losses(name, 3)
         if not ones:
@@ -205,6 +205,10 @@ def table(crams: Crams, configs: dict, names: list[str], out: str, budget: Budge
     return "\n".join(lines) + "\n"
 
 
+def multiples(text: str) -> tuple[float, ...]:
+    return tuple(float(m) for m in text.split(","))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True)
@@ -213,7 +217,10 @@ def main() -> None:
     parser.add_argument("--budget", default="2e12flops", help="each trial's (the 1x budget)")
     parser.add_argument("--deadline-s", type=float, default=float("inf"), help="no trial starts after this many seconds")
     parser.add_argument("--stages", default="studies,confirm", help="studies, confirm (the table follows confirm)")
-    parser.add_argument("--curve", default=CURVE, type=lambda text: tuple(float(m) for m in text.split(",")),
+    parser.add_argument("--baselines", default=BASELINES, type=lambda text: list(dict.fromkeys(["sized-cpu", *text.split(",")])),
+                        help=f"hand designs crammed beside the winners (default {BASELINES}; sized-cpu always)")
+    parser.add_argument("--confirm-at", default=CONFIRM, type=multiples, help=f"multiples (default {CONFIRM})")
+    parser.add_argument("--curve", default=CURVE, type=multiples,
                         help="sized-cpu's multiples for the compute-equivalent multiple (default 1,2,3,4,8)")
     parser.add_argument("--jobs", type=int, default=2, help="confirmation crams at once")
     parser.add_argument("--cache-dir")
