@@ -16,8 +16,8 @@ Stages, each resumable (a second call does only what is missing):
    `search.run --resume` does;
 2. each study's winner (its best complete trial) and the hand designs `--baselines` (sized-cpu,
    neobert-cpu and modernbert-cpu) crammed with seeds 0, 1 and 2 at `--confirm-at` (1x and 3x the
-   trial budget), and sized-cpu at `--curve` (1x to 8x) for the compute-equivalent multiple (`benchmarks/accounting.py`'s `Crams`, `--jobs` at a
-   time, in `<out>/crams.jsonl`);
+   trial budget), and sized-cpu at `--curve` (1x to 8x) for the compute-equivalent multiple
+   (`benchmarks/accounting.py`'s `Crams`, `--jobs` at a time, in `<out>/crams.jsonl`);
 3. the table, seed by seed (`<out>/proving_ground.md`, printed): each winner at 1x and 3x against
    sized-cpu (paired by seed, with whether the difference is outside noise), its compute-equivalent
    multiple over sized-cpu's curve (Primer's), and how many final runs pay back its study's compute.
