@@ -73,7 +73,7 @@ def drive(job: dict) -> str:
     import torch
 
     from search import attrs
-    from search.controllers import DRIVER_DIED, ask, open_study, rerun_cut_short, study_counts, tell
+    from search.controllers import ask, fail_stale_running, open_study, rerun_cut_short, study_counts, tell
     from search.states import COMPLETE, FAILED, PRUNED, REPEAT
     from search.warm_start import warm_starts
     from trainer.corpus import CorpusSource
@@ -94,18 +94,16 @@ def drive(job: dict) -> str:
     if not resume:
         study.set_user_attr(attrs.TRAIN, train.to_dict())
         study.set_user_attr(attrs.BUDGET, job["budget"])
-    stale = [t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))]
-    for number in stale:  # a kill cut these short: failed, then trained again first
-        tell(study, number, state=FAILED, reason=DRIVER_DIED)
-    counts = study_counts(study)
-    rerun_cut_short(study, job["trials"] - sum(counts[state] for state in (COMPLETE, PRUNED, FAILED)))
+    def finished() -> int:  # trials cut short by a kill are not counted: they are trained again
+        counts = study_counts(study)
+        return sum(counts[state] for state in (COMPLETE, PRUNED, FAILED))
+
+    fail_stale_running(study)  # what a kill left running: failed, then trained again first
+    rerun_cut_short(study, job["trials"] - finished())
     data = prepare_data(CorpusSource.from_args(data_dir=job["data"]), vocab_size=space.fixed["vocab_size"],
                         seq_len=space.fixed["max_seq_len"], cache_dir=job["cache_dir"])
     budget = Budget.parse(job["budget"])
-    while time.time() < job["deadline"]:
-        counts = study_counts(study)
-        if sum(counts[state] for state in (COMPLETE, PRUNED, FAILED)) >= job["trials"]:
-            break
+    while time.time() < job["deadline"] and finished() < job["trials"]:
         proposal = ask(study, space)
         if proposal.repeat_of is not None:  # the same architecture again: its result, told again
             original = study.trials[proposal.repeat_of]
