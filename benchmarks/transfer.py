@@ -1,13 +1,17 @@
 """Transfer: how far the trial budget's ranking holds at the budget a user trains at (issue 26 §4).
 
     CRAMNAS_CACHE=/tmp/cramnas-cache python benchmarks/transfer.py --data ../shared/data \\
-        --study NAME --storage sqlite:///proving-ground/optuna.db [--top 6] \\
+        (--study NAME --storage sqlite:///proving-ground/optuna.db | --table benchmarks/cram_table.csv) [--top 6] \\
         [--baselines crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu] [--budget 2e12flops] \\
         [--multiples 1,3,10,30] [--seeds-at 30x=1] [--size-fit sizing-sized-cpu/size-fit.json] \\
         [--ladder-pick TRIAL] [--out transfer]
 
 The configurations are the study's `--top` complete trials by validation loss ("trial N": their
-architecture, the study's training settings) and the hand designs of `--baselines`
+architecture, the study's training settings), or with `--table` the `--top` architectures of a
+real-cram table (benchmarks/cram_table.py: a space-filling design of the CPU space crammed at one
+budget, what a random search of that many trials would confirm) by mean loss over their seeds, hand
+designs left out ("design:N"/"recorded:..." as the table names them, the CPU profile's trial
+settings), and the hand designs of `--baselines`
 (trainer/configs/<name>.yaml). Each is crammed at every multiple of the 1x budget (default: the
 study's trial budget), with seeds 0..k-1: k is 3, or what `--seeds-at` says (default 30x=1). With
 `--size-fit` each hand design is also crammed at the size the fit picks for each multiple's budget
@@ -32,6 +36,7 @@ of two cores (small models are slower per FLOP, so likely more).
 
 from __future__ import annotations
 
+import csv
 import math
 import statistics
 import sys
@@ -329,11 +334,37 @@ def study_candidates(storage, study_name: str, top: int, pick: int | None) -> tu
     return [(t.number, t.user_attrs["arch"]) for t in chosen], study.user_attrs["train"], study.user_attrs["budget"]
 
 
+def table_candidates(path: str, top: int) -> tuple[list[tuple[str, dict]], dict, str]:
+    """The `top` architectures of a cram table by mean loss (hand designs left out) as (source,
+    arch), the CPU profile's trial settings the table was crammed with, and the table's budget."""
+    from fidelity import profile_setup
+    from surrogate import read_crams
+
+    if not Path(path).is_file():
+        raise UsageError(f"--table: {path} does not exist; write e.g. --table benchmarks/cram_table.csv")
+    crams, _ = read_crams(path)
+    groups: dict[str, list] = {}
+    for cram in crams:
+        if not cram.source.startswith("hand:"):
+            groups.setdefault(cram.architecture, []).append(cram)
+    if len(groups) < top:
+        raise UsageError(f"--table {path}: {len(groups)} architectures besides the hand designs, fewer than --top {top}")
+    ranked = sorted(groups.values(), key=lambda rows: statistics.mean(r.loss for r in rows))[:top]
+    with Path(path).open(newline="") as file:
+        budgets = {row["budget"] for row in csv.DictReader(file)}
+    if len(budgets) != 1:
+        raise UsageError(f"--table {path}: crams at {len(budgets)} budgets; a transfer starts from one")
+    _, train, _ = profile_setup("cpu")
+    return [(rows[0].source, rows[0].config.to_dict()) for rows in ranked], train.to_dict(), budgets.pop()
+
+
 def parse_arguments(argv: list[str] | None) -> object:
     parser = CliParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True)
-    parser.add_argument("--study", required=True)
-    parser.add_argument("--storage", required=True, help="the study's Optuna storage, e.g. sqlite:///optuna.db")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--study", help="the study whose best trials are the candidates (with --storage)")
+    source.add_argument("--table", help="a benchmarks/cram_table.py table whose best architectures are the candidates")
+    parser.add_argument("--storage", help="the study's Optuna storage, e.g. sqlite:///optuna.db")
     parser.add_argument("--top", type=int, default=6, help="the study's best complete trials to follow (6 or more)")
     parser.add_argument("--baselines", default="crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu")
     parser.add_argument("--budget", help="the 1x budget (default: the study's trial budget)")
@@ -347,6 +378,10 @@ def parse_arguments(argv: list[str] | None) -> object:
     args = parser.parse_args(argv)
     if args.top < 1 or args.jobs < 1:
         parser.error("--top and --jobs: 1 or more")
+    if args.study and not args.storage:
+        parser.error("--study needs --storage, e.g. --storage sqlite:///optuna.db")
+    if args.table and args.ladder_pick is not None:
+        parser.error("--ladder-pick names a trial of --study; a table has no ladder")
     return args
 
 
@@ -377,9 +412,13 @@ def settle(args) -> tuple:
         raise UsageError(f"--data: {args.data} is not a directory")
     multiples = parse_multiples(args.multiples)
     seeds_at = parse_seeds_at(args.seeds_at, multiples)
-    trials, train, study_budget = study_candidates(args.storage, args.study, args.top, args.ladder_pick)
+    if args.table:
+        chosen, train, study_budget = table_candidates(args.table, args.top)
+    else:
+        trials, train, study_budget = study_candidates(args.storage, args.study, args.top, args.ladder_pick)
+        chosen = [(f"trial {n}", arch) for n, arch in trials]
     budget = Budget.parse(args.budget or study_budget or "2e12flops")
-    configs = [Configuration.fixed(f"trial {n}", "candidate", arch, train, multiples) for n, arch in trials]
+    configs = [Configuration.fixed(name, "candidate", arch, train, multiples) for name, arch in chosen]
     runs = {}
     for name in filter(None, args.baselines.split(",")):
         if not (CONFIGS / f"{name}.yaml").is_file():

@@ -225,3 +225,31 @@ def test_the_candidates_are_the_top_trials_and_the_ladder_pick_beside_them(tmp_p
     storage = study_storage(tmp_path, [5.0, 4.9, 5.1, 4.8])
     trials, train, budget = transfer.study_candidates(storage, "s", 2, pick=2)
     assert [number for number, _ in trials] == [3, 1, 2] and budget == "2e12flops" and train == {}
+
+
+def test_a_cram_table_gives_its_best_architectures_by_mean_over_seeds_hand_designs_left_out(tmp_path):
+    import csv
+
+    from space.arch import FIELD_TYPES
+
+    def row(key: str, source: str, seed: int, hidden: int, loss: str, error: str = "") -> dict:
+        arch = {**ARCH, "hidden": hidden}
+        return {"key": f"{key}|{seed}|2e12flops", "source": source, "seed": seed, "budget": "2e12flops",
+                **{name: arch[name] for name in FIELD_TYPES}, "validation_loss": loss, "error": error}
+
+    rows = [row("a", "hand:sized-cpu", 0, 32, "3.0"),                                   # best, but a hand design
+            row("b", "design:1", 0, 64, "4.0"), row("b", "design:1", 1, 64, "5.0"),  # mean 4.5
+            row("c", "design:2", 0, 96, "4.2"),
+            row("d", "design:3", 0, 128, "", error="out of memory")]                 # no loss: not ranked
+    path = tmp_path / "table.csv"
+    with path.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    chosen, train, budget = transfer.table_candidates(str(path), 2)
+    assert [(name, arch["hidden"]) for name, arch in chosen] == [("design:2", 96), ("design:1", 64)]
+    assert budget == "2e12flops" and train["lr"] > 0  # the CPU profile's trial settings
+    with pytest.raises(transfer.UsageError, match="--table .*: 2 architectures besides the hand designs, fewer than --top 3"):
+        transfer.table_candidates(str(path), 3)
+    with pytest.raises(transfer.UsageError, match="--table: .*none.csv does not exist"):
+        transfer.table_candidates(str(tmp_path / "none.csv"), 1)
