@@ -4,7 +4,7 @@
         (--study NAME --storage sqlite:///proving-ground/optuna.db | --table benchmarks/cram_table.csv) [--top 6] \\
         [--baselines crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu] [--budget 2e12flops] \\
         [--multiples 1,3,10,30] [--seeds-at 30x=1] [--size-fit sizing-sized-cpu/size-fit.json] \\
-        [--ladder-pick TRIAL] [--out transfer]
+        [--ladder-pick TRIAL] [--out transfer] [--report-only]
 
 The configurations are the study's `--top` complete trials by validation loss ("trial N": their
 architecture, the study's training settings), or with `--table` the `--top` architectures of a
@@ -17,7 +17,8 @@ study's trial budget), with seeds 0..k-1: k is 3, or what `--seeds-at` says (def
 `--size-fit` each hand design is also crammed at the size the fit picks for each multiple's budget
 (`search.sizing.resized`), as `<name>@sized`; where that is the hand design's own size, its crams
 are the hand design's. The crams are benchmarks/accounting.py's `Crams`: kept in `<out>/crams.jsonl`,
-so a second call crams only what is missing.
+so a second call crams only what is missing, and `--report-only` writes the tables from the crams
+there so far (a cell without crams is "-").
 
 The tables (stdout and `<out>/transfer.md`): every configuration's mean ± 95% Student-t interval at
 each multiple with its regime, † where the mean is below the two-neighbour count model; Spearman
@@ -373,6 +374,8 @@ def parse_arguments(argv: list[str] | None) -> object:
     parser.add_argument("--size-fit", help="a search.sizing size-fit.json: the hand designs also resized")
     parser.add_argument("--ladder-pick", type=int, help="the trial search.confirm --ladder picked")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--report-only", action="store_true",
+                        help="cram nothing: the tables from the crams in --out so far (e.g. while a call runs)")
     parser.add_argument("--cache-dir")
     parser.add_argument("--out", default="transfer")
     args = parser.parse_args(argv)
@@ -397,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     crams = Crams(out, args.data, args.cache_dir, budget, args.jobs)
-    crams.run(wanted(configs, seeds_at))
+    if not args.report_only:
+        crams.run(wanted(configs, seeds_at))
     text = report(configs, cells(crams, configs, seeds_at), budget, multiples, seeds_at, pick, notes)
     (out / "transfer.md").write_text(text)
     print("\n" + text)

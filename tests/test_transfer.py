@@ -253,3 +253,17 @@ def test_a_cram_table_gives_its_best_architectures_by_mean_over_seeds_hand_desig
         transfer.table_candidates(str(path), 3)
     with pytest.raises(transfer.UsageError, match="--table: .*none.csv does not exist"):
         transfer.table_candidates(str(tmp_path / "none.csv"), 1)
+
+
+def test_report_only_writes_the_tables_from_the_crams_so_far_and_crams_nothing(tmp_path, monkeypatch):
+    storage = study_storage(tmp_path, [5.0, 4.9])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "crams.jsonl").write_text(json.dumps(cram_row("trial 1", 1.0, 0, 4.9)) + "\n")
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", InlinePool)
+    monkeypatch.setattr(accounting, "cram_job", lambda job: pytest.fail(f"crammed {job['key']}"))
+    assert transfer.main(["--data", str(tmp_path), "--study", "s", "--storage", storage, "--top", "2",
+                          "--baselines", "sized-cpu", "--out", str(out), "--report-only"]) == 0
+    text = (out / "transfer.md").read_text()
+    assert table_row(text, "trial 1").split(" | ")[3].startswith("4.900 (n=1)")
+    assert table_row(text, "sized-cpu").count(" - ") == 4  # nothing crammed at any multiple
