@@ -36,12 +36,12 @@ if TYPE_CHECKING:  # imported for real only after the flags are checked (torch, 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from search.controllers import CONTROLLERS
+    from search.controllers import CONTROLLERS, DEFAULT_CONTROLLER
     from search.objectives import OBJECTIVES
 
     parser = CliParser(prog="python -m search.run", description="Search crammed BERT architectures.")
     parser.add_argument("--trials", type=int, default=200, help="trials in the study, in total (resume included)")
-    parser.add_argument("--controller", default="tpe", choices=sorted(CONTROLLERS))
+    parser.add_argument("--controller", default=DEFAULT_CONTROLLER, choices=sorted(CONTROLLERS))
     parser.add_argument("--space", help="search-space YAML (default: the device profile's)")
     parser.add_argument("--budget", help="per-trial budget: 60s, 5m, 2e7tokens, 1e15flops, 180refs, cramming-day ... "
                         "(default: the profile's)")
