@@ -2,7 +2,7 @@
 random search, for a machine that has neither (the GPU session carries no Ray or MLflow wheels).
 
     CRAMNAS_CACHE=/tmp/cramnas-cache python benchmarks/direct_proving_ground.py --data ../shared/data \\
-        [--studies tpe:0,tpe:1,tpe:2,random:0,random:1,random:2] [--trials 32] [--budget 2e12flops] \\
+        [--studies gp:0,gp:1,gp:2,random:0,random:1,random:2] [--trials 32] [--budget 2e12flops] \\
         [--deadline-s 600] [--jobs 12] [--out direct-proving-ground]
 
 Stages, each resumable (a second call does only what is missing):
@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from accounting import CONFIGS, SEEDS, Crams, compute_equivalent, paired, payback, study_compute, study_winner  # noqa: E402
 from fidelity import profile_setup  # noqa: E402
 
+from search.controllers import DEFAULT_CONTROLLER  # noqa: E402
 from search.paths import SPACES  # noqa: E402
 from search.stats import mean_interval  # noqa: E402
 from space.arch import ArchConfig  # noqa: E402
@@ -48,7 +49,7 @@ from space.search_space import load_space  # noqa: E402
 from trainer.budget import Budget  # noqa: E402
 from trainer.regimes import regime  # noqa: E402
 
-STUDIES = "tpe:0,tpe:1,tpe:2,random:0,random:1,random:2"
+STUDIES = ",".join(f"{c}:{seed}" for c in (DEFAULT_CONTROLLER, "random") for seed in range(3))  # the default against random
 BASELINES = "sized-cpu,neobert-cpu,modernbert-cpu"  # sized-cpu always: the winners are read against it
 CONFIRM = "1,3"  # the multiples every winner and baseline is crammed at, with SEEDS
 CURVE = (1, 2, 3, 4, 8)  # sized-cpu's multiples: the compute-equivalent multiple reads its loss curve
