@@ -17,7 +17,7 @@ Stages, each resumable (a second call does only what is missing):
 2. each study's winner (its best complete trial) and the hand designs `--baselines` (sized-cpu,
    neobert-cpu and modernbert-cpu) crammed with seeds 0, 1 and 2 at `--confirm-at` (1x and 3x the
    trial budget), and sized-cpu at `--curve` (1x to 8x) for the compute-equivalent multiple
-   (`benchmarks/accounting.py`'s `Crams`, `--jobs` at a time, in `<out>/crams.jsonl`);
+   (with `--curve-seeds` seeds each; `benchmarks/accounting.py`'s `Crams`, `--jobs` at a time, in `<out>/crams.jsonl`);
 3. the table, seed by seed (`<out>/proving_ground.md`, printed): each winner at 1x and 3x against
    sized-cpu (paired by seed, with whether the difference is outside noise), its compute-equivalent
    multiple over sized-cpu's curve (Primer's), and how many final runs pay back its study's compute.
@@ -156,7 +156,7 @@ def confirm(args: argparse.Namespace, names: list[str]) -> tuple[Crams, dict]:
     configs = {**winners, **{name: (run.arch.to_dict(), run.train.to_dict()) for name, run in baselines.items()}}
     crams = Crams(Path(args.out), args.data, args.cache_dir, Budget.parse(args.budget), args.jobs)
     crams.run([(name, arch, train, m, seed) for name, (arch, train) in configs.items() for m in args.confirm_at for seed in SEEDS]
-              + [("sized-cpu", *configs["sized-cpu"], m, seed) for m in args.curve for seed in SEEDS])
+              + [("sized-cpu", *configs["sized-cpu"], m, seed) for m in args.curve for seed in SEEDS[:args.curve_seeds]])
     return crams, configs
 
 
@@ -176,7 +176,8 @@ def table(crams: Crams, configs: dict, names: list[str], out: str, budget: Budge
     curve = [statistics.mean(crams.losses("sized-cpu", m)) for m in curve_at]
     lines = [f"# The proving ground at {budget.text} per trial ({len(SEEDS)} seeds per cram, on {reference['device']})", "",
              f"References: corruption floor {floor:.3f}, two-neighbour count model {count:.3f}; sized-cpu's curve "
-             + ", ".join(f"{m:g}x {loss:.3f}" for m, loss in zip(curve_at, curve)) + ".", "",
+             + ", ".join(f"{m:g}x {loss:.3f} ({len(crams.losses('sized-cpu', m))} seeds)" for m, loss in zip(curve_at, curve))
+             + ".", "",
              "| configuration | 1x | 3x | regime at 1x | 1x − sized-cpu | 3x − sized-cpu | multiple | payback |",
              "|---|---|---|---|---|---|---|---|"]
     for name in [name for name in configs if name not in names] + names:
@@ -221,6 +222,9 @@ def main() -> None:
     parser.add_argument("--confirm-at", default=CONFIRM, type=multiples, help=f"multiples (default {CONFIRM})")
     parser.add_argument("--curve", default=CURVE, type=multiples,
                         help="sized-cpu's multiples for the compute-equivalent multiple (default 1,2,3,4,8)")
+    parser.add_argument("--curve-seeds", type=int, default=len(SEEDS), choices=range(1, len(SEEDS) + 1),
+                        help="seeds of sized-cpu's curve where --confirm-at has none (default %(default)s; its 8x alone "
+                             "costs 8 trial budgets a seed)")
     parser.add_argument("--jobs", type=int, default=2, help="confirmation crams at once")
     parser.add_argument("--cache-dir")
     parser.add_argument("--out", default="direct-proving-ground")

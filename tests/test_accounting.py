@@ -155,11 +155,12 @@ def test_the_proving_ground_searches_search_runs_default_controller_against_rand
     args = proving_ground.parse_args(["--data", "d"])
     assert args.controller == parse_args([]).controller
     assert args.controller_seeds == [0, 1, 2] and args.account == "best"
-    assert proving_ground.parse_args(["--data", "d", "--controller", "gp", "--account", "gp"]).account == "gp"
+    assert proving_ground.parse_args(["--data", "d", "--controller", "tpe", "--account", "tpe"]).account == "tpe"
     with pytest.raises(SystemExit):
         proving_ground.parse_args(["--data", "d", "--controller", "random"])  # the control
+    other = next(name for name in ("tpe", "evolution") if name != args.controller)
     with pytest.raises(SystemExit):
-        proving_ground.parse_args(["--data", "d", "--account", "gp"])  # not a controller of this proving ground
+        proving_ground.parse_args(["--data", "d", "--account", other])  # not a controller of this proving ground
 
 
 def test_the_confirmations_cover_every_study_and_baseline_at_both_budgets_the_long_first():

@@ -44,3 +44,21 @@ def test_a_direct_study_starts_with_the_hand_designs_and_resumes_a_trial_cut_sho
     arch, train, budget = study_winner(storage, "pg-tpe-s0")  # what the confirmations and accounting read
     assert budget == "2e10flops" and arch in [t.user_attrs[attrs.ARCH] for t in trials]
     assert study_compute(storage, "pg-tpe-s0")["trials"] == 3
+
+
+def test_the_curve_of_sized_cpu_takes_fewer_seeds_where_the_confirmations_have_none(monkeypatch, tmp_path):
+    import argparse
+
+    import direct_proving_ground
+    from accounting import Crams
+
+    asked = []
+    monkeypatch.setattr(Crams, "run", lambda self, wanted: asked.extend(wanted))
+    args = argparse.Namespace(out=str(tmp_path), data="d", cache_dir=None, budget="2e10flops", jobs=1,
+                              baselines=["sized-cpu", "neobert-cpu"], confirm_at=(1, 3), curve=(1, 2, 8), curve_seeds=1)
+    direct_proving_ground.confirm(args, [])
+    seeds = {}
+    for name, _, _, multiple, seed in asked:
+        seeds.setdefault((name, multiple), set()).add(seed)
+    assert seeds == {("sized-cpu", 1): {0, 1, 2}, ("sized-cpu", 3): {0, 1, 2}, ("neobert-cpu", 1): {0, 1, 2},
+                     ("neobert-cpu", 3): {0, 1, 2}, ("sized-cpu", 2): {0}, ("sized-cpu", 8): {0}}
