@@ -18,7 +18,9 @@ what is there (resumable). Stages, cheapest first:
    to reach the winner's 1x loss, interpolated linearly in log-compute between the measured
    multiples ("more than" the largest when it never does), its interval from the winner's own 95%
    interval; the payback of the search's compute (`payback`), counted in final runs of what the
-   winner's 1x crams spent (tokens x FLOPs per token, so under any kind of budget); whether the
+   winner's 1x crams spent (tokens x FLOPs per token, so under any kind of budget), the search being
+   the study and the winner's 3 confirmation seeds, or with `--tracking-uri` the study and every
+   confirmation and baseline run search.confirm recorded for it (a promotion ladder's rungs too); whether the
    winner's lead holds at 4x and the largest, the rank correlation between 1x and the largest, and
    the multiple at which each goes below the two-neighbour count model.
 3. ablation: against the best baseline, each of the winner's architecture choices reverted alone,
@@ -111,6 +113,27 @@ def study_compute(storage: str, study_name: str) -> dict[str, float]:
     return {"flops": flops, "device_seconds": seconds, "trials": trials}
 
 
+def path_compute(tracking_uri: str, study_name: str) -> dict[str, float]:
+    """FLOPs of every confirmation and baseline run `search.confirm` recorded for the study in MLflow,
+    a promotion ladder's rungs included: what the path from the study to the final run spent besides
+    the study's own trials (issue 26 §3). A run that reported no tokens (failed early) counts 0."""
+    from search.params import params_under
+    from search.tracking import StudyTracker
+
+    tracker = StudyTracker(tracking_uri, study_name)
+    flops, runs = 0.0, 0
+    for frame in (tracker.confirmation_table(), tracker.baseline_table()):
+        for row in frame.to_dict("records"):
+            tokens = row.get("metrics.tokens")
+            if not tokens or not math.isfinite(tokens):
+                continue
+            arch = ArchConfig.from_dict(params_under(row, "arch"))
+            mlm_rate = TrainConfig.from_dict(params_under(row, "train")).mlm_rate
+            flops += tokens * arch.flops_per_token(arch.max_seq_len, mlm_rate)
+            runs += 1
+    return {"flops": flops, "runs": runs}
+
+
 def study_winner(storage: str, study_name: str, trial: int | None = None) -> tuple[dict, dict, str]:
     """The architecture of the best complete trial (or of trial number `trial`), the study's
     training settings and its trial budget."""
@@ -200,6 +223,8 @@ def main() -> None:
     parser.add_argument("--data", required=True)
     parser.add_argument("--study", help="the study whose winner and compute are accounted")
     parser.add_argument("--storage", help="its Optuna storage, e.g. sqlite:///optuna.db")
+    parser.add_argument("--tracking-uri", help="its MLflow store: the payback counts every confirmation and baseline "
+                        "run recorded there (a promotion ladder's too), not only the winner's 3 seeds")
     parser.add_argument("--trial", type=int, help="the study's trial to account instead of its best")
     parser.add_argument("--winner", help="a run config instead of the study's best trial (search.export writes one)")
     parser.add_argument("--baselines", default="crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu")
@@ -243,7 +268,8 @@ def main() -> None:
                   + [(name, *configs[name], 4, seed) for name in ladder for seed in SEEDS[1:]]
                   + [("winner", *configs["winner"], m, 0) for m in (4, multiples[-1])])
         search = study_compute(args.storage, args.study) if args.study and args.storage else None
-        lines += ladder_tables(crams, ladder, budget, search, multiples)
+        path = path_compute(args.tracking_uri, args.study) if search is not None and args.tracking_uri else None
+        lines += ladder_tables(crams, ladder, budget, search, multiples, path)
     if stages & {"ablation", "grid"}:
         lines += ablation_tables(crams, configs, best, one_factor="ablation" in stages, grid="grid" in stages)
     text = "\n".join(lines) + "\n"
@@ -266,7 +292,7 @@ def core_table(crams: Crams, configs: dict) -> list[str]:
 
 
 def ladder_tables(crams: Crams, ladder: list[str], budget: Budget, search: dict | None,
-                  multiples: tuple[int, ...]) -> list[str]:
+                  multiples: tuple[int, ...], path: dict | None = None) -> list[str]:
     winner = crams.losses("winner", 1)
     target, half = mean_interval(winner)
     half = half or 0.0
@@ -307,11 +333,14 @@ def ladder_tables(crams: Crams, ladder: list[str], budget: Budget, search: dict 
     if search is not None:
         factor = factors[best]
         final = statistics.mean(crams.flops("winner", 1))  # one final run: the winner at 1x
-        spent = search["flops"] + 3 * final  # the winner's confirmation seeds count as search too
+        if path is None:  # the winner's confirmation seeds count as search too
+            spent, besides = search["flops"] + 3 * final, "the winner's 3 confirmation seeds"
+        else:  # what search.confirm (and its ladder) recorded: every candidate's and baseline's runs
+            spent, besides = search["flops"] + path["flops"], f"the {path['runs']} confirmation and baseline runs in MLflow"
         account = payback(spent, final, factor)
         lines += ["", "## Payback", "",
                   f"the study: {search['trials']} trials, {search['flops']:.3g} FLOPs, {search['device_seconds'] / 3600:.2f} "
-                  f"device-hours (one core each); with the winner's 3 confirmation seeds {spent:.3g} FLOPs",
+                  f"device-hours (one core each); with {besides} {spent:.3g} FLOPs",
                   f"= {account['search_in_final_runs']:.0f} final runs of {budget.text}; against {best} the winner saves "
                   + (f"a factor {factor:.1f} per final run, so the search pays back after {account['payback_runs']:.1f} runs"
                      if account["payback_runs"] is not None else

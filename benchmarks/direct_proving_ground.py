@@ -20,7 +20,8 @@ Stages, each resumable (a second call does only what is missing):
    (with `--curve-seeds` seeds each; `benchmarks/accounting.py`'s `Crams`, `--jobs` at a time, in `<out>/crams.jsonl`);
 3. the table, seed by seed (`<out>/proving_ground.md`, printed): each winner at 1x and 3x against
    sized-cpu (paired by seed, with whether the difference is outside noise), its compute-equivalent
-   multiple over sized-cpu's curve (Primer's), and how many final runs pay back its study's compute.
+   multiple over sized-cpu's curve (Primer's), and how many final runs pay back its study's compute,
+   and the whole path's: the study and the winner's confirmation crams (issue 26 §3).
 
 On a GPU every cram runs in bf16 autocast (`trainer.device`), on a CPU in fp32: compare numbers from
 one machine only. `benchmarks/proving_ground.py` is the same test through `search.run`.
@@ -169,7 +170,14 @@ def mean_text(values: list[float]) -> str:
     return f"{mean:.3f}" + (f" ± {half:.3f}" if half is not None else "")
 
 
-def table(crams: Crams, configs: dict, names: list[str], out: str, budget: Budget, curve_at: tuple[float, ...]) -> str:
+def payback_text(paid: dict, what: str) -> str:
+    if paid["payback_runs"] is None:
+        return "never"
+    return f"{paid['payback_runs']:.1f} runs ({what} = {paid['search_in_final_runs']:.0f} finals)"
+
+
+def table(crams: Crams, configs: dict, names: list[str], out: str, budget: Budget, curve_at: tuple[float, ...],
+          confirm_at: tuple[float, ...]) -> str:
     reference = crams.any("sized-cpu")
     floor, count = reference["corruption_floor"], reference["context_reference"]
     curve_at = [m for m in curve_at if crams.losses("sized-cpu", m)]  # what has run
@@ -178,8 +186,9 @@ def table(crams: Crams, configs: dict, names: list[str], out: str, budget: Budge
              f"References: corruption floor {floor:.3f}, two-neighbour count model {count:.3f}; sized-cpu's curve "
              + ", ".join(f"{m:g}x {loss:.3f} ({len(crams.losses('sized-cpu', m))} seeds)" for m, loss in zip(curve_at, curve))
              + ".", "",
-             "| configuration | 1x | 3x | regime at 1x | 1x − sized-cpu | 3x − sized-cpu | multiple | payback |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| configuration | 1x | 3x | regime at 1x | 1x − sized-cpu | 3x − sized-cpu | multiple | payback "
+             "| payback of the whole path |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name in [name for name in configs if name not in names] + names:
         arch = ArchConfig.from_dict(configs[name][0])
         ones, threes = crams.losses(name, 1), crams.losses(name, 3)
@@ -188,20 +197,23 @@ def table(crams: Crams, configs: dict, names: list[str], out: str, budget: Budge
         cells = [f"{name}: {arch.describe()}", mean_text(ones), mean_text(threes),
                  regime(statistics.mean(ones), floor, count) if ones else "–"]
         if name in names:
-            cells += [paired(crams.losses("sized-cpu", m), losses) if losses else "–"
+            cells += [paired(base, losses) if losses and (base := crams.losses("sized-cpu", m)) else "–"
                       for m, losses in ((1, ones), (3, threes))]
             factor = compute_equivalent(curve_at, curve, statistics.mean(ones))
             cost = study_compute(storage_of(out, name), name)
-            paid = payback(cost["flops"], statistics.mean(crams.flops(name, 1)), factor)
+            final = statistics.mean(crams.flops(name, 1))
+            # The whole path (issue 26 §3): the study and the winner's confirmation crams at every multiple.
+            confirmations = sum(sum(crams.flops(name, m)) for m in confirm_at)
             cells += [f">{curve_at[-1]:g}x" if factor is None else f"{factor:.2f}x",
-                      "never" if paid["payback_runs"] is None else
-                      f"{paid['payback_runs']:.1f} runs ({cost['trials']} trials = {paid['search_in_final_runs']:.0f} finals)"]
+                      payback_text(payback(cost["flops"], final, factor), f"{cost['trials']} trials"),
+                      payback_text(payback(cost["flops"] + confirmations, final, factor), "with the confirmations")]
         else:
-            cells += ["", "", "", ""]
+            cells += ["", "", "", "", ""]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "multiple: the compute sized-cpu needs for the winner's 1x mean loss (interpolated in log compute "
               "over its curve); payback: final runs at 1x after which the study's compute is paid back "
-              f"(target ≤ {PAYBACK_RUNS}), its size in final runs beside it."]
+              f"(target ≤ {PAYBACK_RUNS}), its size in final runs beside it; of the whole path: the study and the "
+              "winner's confirmation crams together (what a user spends before the final run)."]
     return "\n".join(lines) + "\n"
 
 
@@ -238,7 +250,7 @@ def main() -> None:
         run_studies(args)
     if "confirm" in stages:
         crams, configs = confirm(args, names)
-        text = table(crams, configs, names, args.out, Budget.parse(args.budget), args.curve)
+        text = table(crams, configs, names, args.out, Budget.parse(args.budget), args.curve, args.confirm_at)
         (out / "proving_ground.md").write_text(text)
         print("\n" + text)
 

@@ -410,7 +410,7 @@ def main() -> None:
     stage = f"accounting-{study.name}"
     stages.run(stage, [[sys.executable, str(Path(__file__).parent / "accounting.py"), "--data", args.data,
                         "--study", study.name, "--trial", str(winner.trial), "--storage", f"sqlite:///{out / 'optuna.db'}",
-                        "--baselines", modern, "--budget", budget.text, "--multiples", args.multiples,
+                        "--tracking-uri", uri, "--baselines", modern, "--budget", budget.text, "--multiples", args.multiples,
                         "--out", str(out / stage)]], env)
     walls = ", ".join(f"{name} {entry['seconds'] / 60:.1f} min" for name, entry in stages.state.items())
     text = (f"Trial budget {budget.text}, long budget {long}, {args.trials} trials per study, {args.controller} and "

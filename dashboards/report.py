@@ -34,7 +34,7 @@ from dashboards.ui import DEFAULT_PORT, LOOPBACK, run_url, runs_url
 from search import attrs
 from search import tags as tag
 from search.export import budgets_by_preference
-from search.next_steps import BASELINES, StudyFlags, report_path
+from search.next_steps import StudyFlags, baselines, report_path
 from search.params import params_under
 from search.retry import first_line
 from search.states import COMPLETE, FAILED, PRUNED, STATES
@@ -388,8 +388,8 @@ class Report:
     def hand_design(self) -> str:
         if self.data.baselines.empty:
             return (f'<p class="muted">No baseline runs yet. Train hand-designed configurations with the seeds and '
-                    f'budget of the confirmations: <code>{esc(self.flags.confirm("--baselines", BASELINES["cpu"]))}'
-                    f'</code> (on a GPU: {esc(BASELINES["gpu"])}; any trainer/configs/ name).</p>')
+                    f'budget of the confirmations: <code>{esc(self.flags.confirm("--baselines", baselines("cpu")))}'
+                    f'</code> (on a GPU: {esc(baselines("gpu"))}; any trainer/configs/ name).</p>')
         result = analysis.hand_design(self.data.confirmations, self.data.baselines, self.trials, self.score)
         first = {c: result.runs[result.runs["configuration"] == c].iloc[0] for c in result.table["configuration"]}
         # Columns: the score unless it is the loss or the probe average, which have their own.

@@ -26,10 +26,18 @@ if TYPE_CHECKING:
 # Study settings (study-run tags `cramnas.<key>`) naming where the study's data came from, and
 # the flag that passes each again.
 DATA_SETTINGS = {"data": "--data", "corpus": "--corpus", "cache_dir": "--cache-dir"}
-# Hand-designed configs to confirm against (trainer/configs/): Cramming's, and the encoders a careful
-# person would pick today (NeoBERT's, ModernBERT's, and crammed-bert with RoPE at the best size for
-# the CPU budget); the GPU configs do not fit a CPU.
-BASELINES = {"cpu": "crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu", "gpu": "crammed-bert,neobert,modernbert"}
+
+
+def baselines(device: str) -> str:
+    """The hand-designed configs (trainer/configs/) to confirm a study against: its profile's warm
+    starts (search/profiles/<device>.yaml), the designs a careful person would pick today at that
+    scale (Cramming's, NeoBERT's, ModernBERT's and, on a CPU, crammed-bert with RoPE at the best size
+    for the budget); the GPU configs do not fit a CPU."""
+    import yaml
+
+    from search.paths import PROFILES
+
+    return ",".join(yaml.safe_load((PROFILES / f"{device}.yaml").read_text())["warm_start"])
 
 
 def data_settings(data_dir: str | None, corpus: str | None, cache_dir: str | None) -> dict[str, str]:
@@ -110,7 +118,7 @@ def after_search(plan: StudyPlan) -> str:
     device = "gpu" if plan.resources.get("gpu", 0) > 0 else "cpu"
     return next_steps([("report", f"{flags.report()}   # writes {report_path(plan.study)}"),
                        ("MLflow UI", flags.ui()),
-                       ("confirm", flags.confirm("--baselines", BASELINES[device])),
+                       ("confirm", flags.confirm("--baselines", baselines(device))),
                        ("export", f"{flags.export()}   # the best confirmed trial, once confirmed")])
 
 

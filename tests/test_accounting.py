@@ -222,3 +222,28 @@ def test_the_proving_ground_reads_back_each_budget_apart(tmp_path):
     assert sorted(candidate.seeds[LONG].index) == [1, 2]
     assert candidate.loss(LONG) == pytest.approx(4.15) and candidate.loss(SHORT) == pytest.approx(5.15)
     assert baseline.loss(LONG) == pytest.approx(4.65) and baseline.loss(SHORT) == pytest.approx(5.65)
+
+
+@pytest.mark.slow  # an MLflow store
+def test_the_path_counts_every_confirmation_and_baseline_run_of_a_ladder(tmp_path):
+    from search.tracking import StudyTracker
+    from space.arch import ArchConfig
+    from tests.confirm_study import TRAIN, tiny_arch, write_study
+    from trainer.config import TrainConfig
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    runs = write_study(uri, "pg-gp-s0", [(tiny_arch(position="rotary"), "complete", {"validation_loss": 5.0})])
+    tracker = StudyTracker(uri, "pg-gp-s0")
+    for rung, budget in enumerate(("6e12flops", "1.8e13flops")):
+        run = tracker.open_confirmation_run(runs[0], 0, 0, 0, tiny_arch(position="rotary"), TRAIN, budget)
+        tracker.finish_run(run, "complete", {"validation_loss": 4.0, "tokens": 1000 * (rung + 1)}, tags={"rung": rung})
+        run = tracker.open_baseline_run("sized-cpu", 0, 0, tiny_arch(), TRAIN, budget)
+        tracker.finish_run(run, "complete", {"validation_loss": 4.5, "tokens": 2000}, tags={"rung": rung})
+    failed = tracker.open_baseline_run("sized-cpu", 1, 1, tiny_arch(), TRAIN, "6e12flops")
+    tracker.finish_run(failed, "failed", reason="boom")  # no tokens: nothing spent that counts
+    rate = TrainConfig.from_dict(TRAIN).mlm_rate
+    per_token = {name: a.flops_per_token(a.max_seq_len, rate)
+                 for name, a in (("candidate", ArchConfig.from_dict(tiny_arch(position="rotary"))),
+                                 ("sized-cpu", ArchConfig.from_dict(tiny_arch())))}
+    spent = (1000 + 2000) * per_token["candidate"] + 2 * 2000 * per_token["sized-cpu"]
+    assert accounting.path_compute(uri, "pg-gp-s0") == {"flops": pytest.approx(spent), "runs": 4}

@@ -210,7 +210,7 @@ def test_report_sets_the_search_against_each_baseline(tmp_path):
         page = report.write_report("hd", tmp_path / "none.html", uri, log_artifact=False).read_text()
         section = page.split('id="hand-design"')[1].split("</section>")[0]
         assert "Search vs hand design" in section and "python -m search.confirm --study hd --tracking-uri" in section
-        assert "--baselines crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu" in section
+        assert "--baselines sized-cpu,neobert-cpu,modernbert-cpu,crammed-bert-cpu" in section
 
         write_confirmations(study, {0: [0.70, 0.74, 0.71], 1: [0.60, 0.61, 0.62]}, budget="120s")
         tracker = StudyTracker(uri, "hd")

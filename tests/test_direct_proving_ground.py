@@ -62,3 +62,34 @@ def test_the_curve_of_sized_cpu_takes_fewer_seeds_where_the_confirmations_have_n
         seeds.setdefault((name, multiple), set()).add(seed)
     assert seeds == {("sized-cpu", 1): {0, 1, 2}, ("sized-cpu", 3): {0, 1, 2}, ("neobert-cpu", 1): {0, 1, 2},
                      ("neobert-cpu", 3): {0, 1, 2}, ("sized-cpu", 2): {0}, ("sized-cpu", 8): {0}}
+
+
+def test_the_table_pays_back_the_study_alone_and_the_whole_path_with_the_confirmations(monkeypatch, tmp_path):
+    import json
+
+    import direct_proving_ground
+    from accounting import Crams
+
+    from trainer.budget import Budget
+
+    def row(name, multiple, seed, loss):
+        return {"key": f"{name}|{multiple:g}x|{seed}", "name": name, "validation_loss": loss, "tokens": 1000 * multiple,
+                "flops_per_token": 2e9, "corruption_floor": 5.856, "context_reference": 3.192, "device": "cpu",
+                "seconds": 1.0}
+
+    rows = [row("sized-cpu", 1, s, 5.0) for s in range(3)] + [row("sized-cpu", 2, 0, 4.5), row("sized-cpu", 4, 0, 4.0)]
+    rows += [row("pg-gp-s0", m, s, 4.5 if m == 1 else 4.2) for m in (1, 3) for s in range(3)]
+    (tmp_path / "crams.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    crams = Crams(tmp_path, "d", None, Budget.parse("2e12flops"), 1)
+    # the study spent 10 final runs (a final run: 1000 tokens x 2e9 = 2e12 FLOPs); the winner's 4.5 is sized-cpu at 2x
+    monkeypatch.setattr(direct_proving_ground, "study_compute",
+                        lambda storage, name: {"flops": 2e13, "trials": 10, "device_seconds": 0.0})
+    arch = {"layers": 1, "hidden": 32, "heads": 1, "ffn_mult": 2.0, "vocab_size": 2048, "max_seq_len": 64}
+    configs = {"sized-cpu": (arch, {}), "pg-gp-s0": (arch, {})}
+    text = direct_proving_ground.table(crams, configs, ["pg-gp-s0"], str(tmp_path), Budget.parse("2e12flops"),
+                                       (1, 2, 4), (1, 3))
+    line = next(line for line in text.splitlines() if line.startswith("| pg-gp-s0"))
+    assert "| 2.00x |" in line
+    assert "| -0.500 ± 0.000 outside noise | – |" in line  # no sized-cpu at 3x: nothing to pair the winner's 3x with
+    assert "10.0 runs (10 trials = 10 finals)" in line  # 10 finals / (2 - 1)
+    assert "22.0 runs (with the confirmations = 22 finals)" in line  # + 3 seeds at 1x and 3 at 3x: 3 + 9 finals

@@ -56,14 +56,14 @@ def test_the_search_ends_with_the_next_commands_and_its_own_flags(tmp_path, caps
     # The data again, as given (a path with a space survives the shell), and CPU-sized hand designs.
     assert confirm[confirm.index("--data") + 1] == "/data/shared"
     assert confirm[confirm.index("--cache-dir") + 1] == "/tmp/my cache"
-    assert confirm[confirm.index("--baselines") + 1] == "crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu"
+    assert confirm[confirm.index("--baselines") + 1] == "sized-cpu,neobert-cpu,modernbert-cpu,crammed-bert-cpu"
     assert [found[what][2] for what in ("report", "MLflow UI", "export")] == \
         ["dashboards.report", "dashboards.ui", "search.export"]
     assert "--data" not in found["report"] and "--data" not in found["export"]  # they read the stores only
     assert "report-s1.html" in after_search(plan(tmp_path))
 
     gpu = steps(after_search(plan(tmp_path, gpu=1, data=None)))["confirm"]
-    assert gpu[gpu.index("--baselines") + 1] == "crammed-bert,neobert,modernbert" and "--data" not in gpu
+    assert gpu[gpu.index("--baselines") + 1] == "neobert,modernbert,crammed-bert" and "--data" not in gpu
 
     # The default store (here, by the environment) is not spelled out.
     default = resolve_uri(None)
@@ -99,7 +99,7 @@ def test_report_hints_carry_the_studys_data(tmp_path):
     confirmation = page.split('id="confirmation"')[1].split("</section>")[0]
     assert f"python -m search.confirm --study hinted --tracking-uri {uri} --data /data/shared</code>" in confirmation
     hand = page.split('id="hand-design"')[1].split("</section>")[0]
-    assert "--data /data/shared --baselines crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu" in hand
+    assert "--data /data/shared --baselines sized-cpu,neobert-cpu,modernbert-cpu,crammed-bert-cpu" in hand
 
 
 # ---- export prefers what the confirmation confirmed ---------------------------------------------

@@ -113,7 +113,7 @@ def test_export_round_trips_into_trainer_cram(args, wiki_slice_dir, slice_cache,
     steps = capsys.readouterr().out.split("next steps:")[-1]
     assert "python -m dashboards.report --study export" in steps and "python -m dashboards.ui --study export" in steps
     assert f"python -m search.confirm --study export --tracking-uri sqlite:///{tmp_path}/mlflow.db" in steps
-    assert data in steps and "--baselines crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu" in steps
+    assert data in steps and "--baselines sized-cpu,neobert-cpu,modernbert-cpu,crammed-bert-cpu" in steps
     out = ROOT / "trainer" / "configs" / "test-export-best.yaml"
     try:
         assert export_main(["--study", "export", "--rank-by", "mlm", "--out", str(out),
