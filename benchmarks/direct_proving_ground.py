@@ -170,7 +170,11 @@ def mean_text(values: list[float]) -> str:
     return f"{mean:.3f}" + (f" ± {half:.3f}" if half is not None else "")
 
 
-def payback_text(paid: dict, what: str) -> str:
+def payback_text(paid: dict, what: str, beyond: float | None = None) -> str:
+    """`beyond`: the largest multiple of sized-cpu's curve when the winner's loss lies past it (the
+    saving, so the payback, is not measured there, rather than none)."""
+    if beyond is not None:
+        return f"not measured (multiple beyond the curve's {beyond:g}x)"
     if paid["payback_runs"] is None:
         return "never"
     return f"{paid['payback_runs']:.1f} runs ({what} = {paid['search_in_final_runs']:.0f} finals)"
@@ -205,8 +209,9 @@ def table(crams: Crams, configs: dict, names: list[str], out: str, budget: Budge
             # The whole path (issue 26 §3): the study and the winner's confirmation crams at every multiple.
             confirmations = sum(sum(crams.flops(name, m)) for m in confirm_at)
             cells += [f">{curve_at[-1]:g}x" if factor is None else f"{factor:.2f}x",
-                      payback_text(payback(cost["flops"], final, factor), f"{cost['trials']} trials"),
-                      payback_text(payback(cost["flops"] + confirmations, final, factor), "with the confirmations")]
+                      *(payback_text(payback(flops, final, factor), what, curve_at[-1] if factor is None else None)
+                        for flops, what in ((cost["flops"], f"{cost['trials']} trials"),
+                                            (cost["flops"] + confirmations, "with the confirmations")))]
         else:
             cells += ["", "", "", "", ""]
         lines.append("| " + " | ".join(cells) + " |")

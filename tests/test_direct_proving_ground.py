@@ -93,3 +93,6 @@ def test_the_table_pays_back_the_study_alone_and_the_whole_path_with_the_confirm
     assert "| -0.500 ± 0.000 outside noise | – |" in line  # no sized-cpu at 3x: nothing to pair the winner's 3x with
     assert "10.0 runs (10 trials = 10 finals)" in line  # 10 finals / (2 - 1)
     assert "22.0 runs (with the confirmations = 22 finals)" in line  # + 3 seeds at 1x and 3 at 3x: 3 + 9 finals
+    short = direct_proving_ground.table(crams, configs, ["pg-gp-s0"], str(tmp_path), Budget.parse("2e12flops"), (1,), (1, 3))
+    line = next(line for line in short.splitlines() if line.startswith("| pg-gp-s0"))
+    assert "| >1x | not measured (multiple beyond the curve's 1x) |" in line  # not "never": the curve stops at 1x
