@@ -134,6 +134,22 @@ def path_compute(tracking_uri: str, study_name: str) -> dict[str, float]:
     return {"flops": flops, "runs": runs}
 
 
+def read_path_compute(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, float]:
+    """`path_compute` of `--tracking-uri` for `--study`, or a one-line usage error (exit 2)."""
+    from search.retry import TrackingError
+    from search.stores import resolve_uri, sqlite_path
+
+    if not (args.study and args.storage):
+        parser.error("--tracking-uri: the path's payback is a study's; give --study and --storage too")
+    sqlite = sqlite_path(resolve_uri(args.tracking_uri))
+    if sqlite is not None and not sqlite.is_file():  # MLflow would create an empty store there
+        parser.error(f"--tracking-uri: {sqlite} does not exist")
+    try:
+        return path_compute(args.tracking_uri, args.study)
+    except TrackingError as error:
+        parser.error(f"--tracking-uri: {error}")
+
+
 def study_winner(storage: str, study_name: str, trial: int | None = None) -> tuple[dict, dict, str]:
     """The architecture of the best complete trial (or of trial number `trial`), the study's
     training settings and its trial budget."""
@@ -237,6 +253,9 @@ def main() -> None:
     parser.add_argument("--out", default="accounting")
     parser.add_argument("--cache-dir")
     args = parser.parse_args()
+    path = None  # read before any cram: a wrong store is one line, not a traceback after hours of training
+    if args.tracking_uri:
+        path = read_path_compute(parser, args)
 
     if args.winner:
         run = load_run_config(args.winner)
@@ -268,7 +287,6 @@ def main() -> None:
                   + [(name, *configs[name], 4, seed) for name in ladder for seed in SEEDS[1:]]
                   + [("winner", *configs["winner"], m, 0) for m in (4, multiples[-1])])
         search = study_compute(args.storage, args.study) if args.study and args.storage else None
-        path = path_compute(args.tracking_uri, args.study) if search is not None and args.tracking_uri else None
         lines += ladder_tables(crams, ladder, budget, search, multiples, path)
     if stages & {"ablation", "grid"}:
         lines += ablation_tables(crams, configs, best, one_factor="ablation" in stages, grid="grid" in stages)

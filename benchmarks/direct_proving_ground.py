@@ -208,10 +208,10 @@ def table(crams: Crams, configs: dict, names: list[str], out: str, budget: Budge
             final = statistics.mean(crams.flops(name, 1))
             # The whole path (issue 26 §3): the study and the winner's confirmation crams at every multiple.
             confirmations = sum(sum(crams.flops(name, m)) for m in confirm_at)
+            beyond = curve_at[-1] if factor is None else None
             cells += [f">{curve_at[-1]:g}x" if factor is None else f"{factor:.2f}x",
-                      *(payback_text(payback(flops, final, factor), what, curve_at[-1] if factor is None else None)
-                        for flops, what in ((cost["flops"], f"{cost['trials']} trials"),
-                                            (cost["flops"] + confirmations, "with the confirmations")))]
+                      payback_text(payback(cost["flops"], final, factor), f"{cost['trials']} trials", beyond),
+                      payback_text(payback(cost["flops"] + confirmations, final, factor), "with the confirmations", beyond)]
         else:
             cells += ["", "", "", "", ""]
         lines.append("| " + " | ".join(cells) + " |")

@@ -33,11 +33,9 @@ def baselines(device: str) -> str:
     starts (search/profiles/<device>.yaml), the designs a careful person would pick today at that
     scale (Cramming's, NeoBERT's, ModernBERT's and, on a CPU, crammed-bert with RoPE at the best size
     for the budget); the GPU configs do not fit a CPU."""
-    import yaml
+    from search.warm_start import hand_design_names
 
-    from search.paths import PROFILES
-
-    return ",".join(yaml.safe_load((PROFILES / f"{device}.yaml").read_text())["warm_start"])
+    return ",".join(hand_design_names(device))
 
 
 def data_settings(data_dir: str | None, corpus: str | None, cache_dir: str | None) -> dict[str, str]:

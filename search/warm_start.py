@@ -32,17 +32,25 @@ DEFAULT_TOP = 5
 COVER = "cover"  # the `first_draw` attribute of a covering-design trial
 
 
-def hand_designs(profile: str | dict[str, Any]) -> list[tuple[str, ArchConfig]]:
-    """The hand designs a profile's studies start from (its `warm_start` list), by name; `profile`
-    is a profile's name (search/profiles/<name>.yaml) or its loaded settings."""
+def hand_design_names(profile: str | dict[str, Any]) -> list[str]:
+    """The names (trainer/configs/<name>.yaml) of the hand designs a profile's studies start from:
+    its `warm_start` list; `profile` is a profile's name (search/profiles/<name>.yaml) or its loaded
+    settings."""
     import yaml
 
-    from search.paths import CONFIGS, PROFILES
-    from trainer.config import load_run_config
+    from search.paths import PROFILES
 
     if isinstance(profile, str):
         profile = yaml.safe_load((PROFILES / f"{profile}.yaml").read_text())
-    return [(name, load_run_config(CONFIGS / f"{name}.yaml").arch) for name in profile.get("warm_start", [])]
+    return list(profile.get("warm_start", []))
+
+
+def hand_designs(profile: str | dict[str, Any]) -> list[tuple[str, ArchConfig]]:
+    """The hand designs a profile's studies start from (`hand_design_names`), by name."""
+    from search.paths import CONFIGS
+    from trainer.config import load_run_config
+
+    return [(name, load_run_config(CONFIGS / f"{name}.yaml").arch) for name in hand_design_names(profile)]
 
 
 def study_top(storage: Any, name: str, top: int) -> list[tuple[str, ArchConfig]]:

@@ -247,3 +247,24 @@ def test_the_path_counts_every_confirmation_and_baseline_run_of_a_ladder(tmp_pat
                                  ("sized-cpu", ArchConfig.from_dict(tiny_arch())))}
     spent = (1000 + 2000) * per_token["candidate"] + 2 * 2000 * per_token["sized-cpu"]
     assert accounting.path_compute(uri, "pg-gp-s0") == {"flops": pytest.approx(spent), "runs": 4}
+
+
+@pytest.mark.slow  # an MLflow store
+def test_a_wrong_tracking_store_is_one_line_before_any_cram(tmp_path):
+    import subprocess
+
+    from tests.confirm_study import tiny_arch, write_study
+
+    script = Path(accounting.__file__)
+    missing = tmp_path / "none.db"
+    base = [sys.executable, str(script), "--data", str(tmp_path), "--study", "s", "--storage", f"sqlite:///{tmp_path}/o.db"]
+    done = subprocess.run(base + ["--tracking-uri", f"sqlite:///{missing}"], capture_output=True, text=True, cwd=script.parent)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith(f"--tracking-uri: {missing} does not exist")
+    assert not missing.exists()  # no empty store left behind
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    write_study(uri, "other", [(tiny_arch(), "complete", {"validation_loss": 5.0})])
+    done = subprocess.run(base + ["--tracking-uri", uri], capture_output=True, text=True, cwd=script.parent)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--tracking-uri: MLflow at" in done.stderr and "no experiment 's'" in done.stderr
