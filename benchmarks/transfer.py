@@ -1,7 +1,8 @@
 """Transfer: how far the trial budget's ranking holds at the budget a user trains at (issue 26 §4).
 
     CRAMNAS_CACHE=/tmp/cramnas-cache python benchmarks/transfer.py --data ../shared/data \\
-        (--study NAME --storage sqlite:///proving-ground/optuna.db | --table benchmarks/cram_table.csv) [--top 6] \\
+        (--study NAME --storage sqlite:///proving-ground/optuna.db | --table benchmarks/cram_table.csv
+         | --configs a.yaml,b.yaml,...) [--top 6] \\
         [--baselines crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu] [--budget 2e12flops] \\
         [--multiples 1,3,10,30] [--seeds-at 30x=1] [--size-fit sizing-sized-cpu/size-fit.json] \\
         [--ladder-pick TRIAL] [--out transfer] [--report-only]
@@ -11,13 +12,16 @@ architecture, the study's training settings), or with `--table` the `--top` arch
 real-cram table (benchmarks/cram_table.py: a space-filling design of the CPU space crammed at one
 budget, what a random search of that many trials would confirm) by mean loss over their seeds, hand
 designs left out ("design:N"/"recorded:..." as the table names them, the CPU profile's trial
-settings), and the hand designs of `--baselines`
+settings), or with `--configs` the run configs named (e.g. `search.export`'s winner of each of
+several studies; each named by its file's stem, with its own training settings), and the hand
+designs of `--baselines`
 (trainer/configs/<name>.yaml). Each is crammed at every multiple of the 1x budget (default: the
 study's trial budget), with seeds 0..k-1: k is 3, or what `--seeds-at` says (default 30x=1). With
 `--size-fit` each hand design is also crammed at the size the fit picks for each multiple's budget
 (`search.sizing.resized`), as `<name>@sized`; where that is the hand design's own size, its crams
 are the hand design's. The crams are benchmarks/accounting.py's `Crams`: kept in `<out>/crams.jsonl`,
-so a second call crams only what is missing, and `--report-only` writes the tables from the crams
+so a second call crams only what is missing (a kept cram of another architecture under a
+configuration's name is an error: pass another `--out`), and `--report-only` writes the tables from the crams
 there so far (a cell without crams is "-").
 
 The tables (stdout and `<out>/transfer.md`): every configuration's mean ± 95% Student-t interval at
@@ -359,12 +363,39 @@ def table_candidates(path: str, top: int) -> tuple[list[tuple[str, dict]], dict,
     return [(rows[0].source, rows[0].config.to_dict()) for rows in ranked], train.to_dict(), budgets.pop()
 
 
+def config_candidates(paths: str) -> list[tuple[str, dict, dict]]:
+    """Run configs (e.g. `search.export`'s, one per study) as (name, arch, train): each named by its
+    file's stem and crammed with its own training settings."""
+    chosen = []
+    for path in filter(None, (p.strip() for p in paths.split(","))):
+        run = load_run_config(path)  # a ConfigError names the file and what is wrong
+        chosen.append((Path(path).stem, run.arch.to_dict(), run.train.to_dict()))
+    names = [name for name, _, _ in chosen]
+    if not chosen or len(set(names)) != len(names):
+        raise UsageError(f"--configs: one or more YAML files with different names; got {paths!r}")
+    return chosen
+
+
+def check_reused(crams: Crams, configs: list[Configuration]) -> None:
+    """Crams are kept by name: one kept under a name this call gives another architecture (an --out
+    shared by two transfers) would be read as this one's."""
+    for config in configs:
+        wanted_prints = {ArchConfig.from_dict(arch).fingerprint() for arch in config.archs.values()}
+        for row in crams.done.values():
+            kept = row.get("arch_fingerprint")  # every cram_job row has it
+            if row["name"] in config.crammed_as.values() and kept is not None and kept not in wanted_prints:
+                raise UsageError(f"--out: {crams.path} keeps {row['key']} of another architecture than "
+                                 f"{config.name}'s; pass another --out")
+
+
 def parse_arguments(argv: list[str] | None) -> object:
     parser = CliParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--study", help="the study whose best trials are the candidates (with --storage)")
     source.add_argument("--table", help="a benchmarks/cram_table.py table whose best architectures are the candidates")
+    source.add_argument("--configs", help="run configs (YAML, e.g. search.export's of several studies) that are the "
+                        "candidates, comma-separated, each named by its file's stem")
     parser.add_argument("--storage", help="the study's Optuna storage, e.g. sqlite:///optuna.db")
     parser.add_argument("--top", type=int, default=6, help="the study's best complete trials to follow (6 or more)")
     parser.add_argument("--baselines", default="crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu")
@@ -383,8 +414,8 @@ def parse_arguments(argv: list[str] | None) -> object:
         parser.error("--top and --jobs: 1 or more")
     if args.study and not args.storage:
         parser.error("--study needs --storage, e.g. --storage sqlite:///optuna.db")
-    if args.table and args.ladder_pick is not None:
-        parser.error("--ladder-pick names a trial of --study; a table has no ladder")
+    if not args.study and args.ladder_pick is not None:
+        parser.error("--ladder-pick names a trial of --study; a table or configs have no ladder")
     return args
 
 
@@ -400,6 +431,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     crams = Crams(out, args.data, args.cache_dir, budget, args.jobs)
+    try:
+        check_reused(crams, configs)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if not args.report_only:
         crams.run(wanted(configs, seeds_at))
     text = report(configs, cells(crams, configs, seeds_at), budget, multiples, seeds_at, pick, notes)
@@ -416,18 +452,24 @@ def settle(args) -> tuple:
         raise UsageError(f"--data: {args.data} is not a directory")
     multiples = parse_multiples(args.multiples)
     seeds_at = parse_seeds_at(args.seeds_at, multiples)
-    if args.table:
-        chosen, train, study_budget = table_candidates(args.table, args.top)
+    study_budget = None
+    if args.configs:
+        chosen = config_candidates(args.configs)
+    elif args.table:
+        tops, train, study_budget = table_candidates(args.table, args.top)
+        chosen = [(name, arch, train) for name, arch in tops]
     else:
         trials, train, study_budget = study_candidates(args.storage, args.study, args.top, args.ladder_pick)
-        chosen = [(f"trial {n}", arch) for n, arch in trials]
+        chosen = [(f"trial {n}", arch, train) for n, arch in trials]
     budget = Budget.parse(args.budget or study_budget or "2e12flops")
-    configs = [Configuration.fixed(name, "candidate", arch, train, multiples) for name, arch in chosen]
+    configs = [Configuration.fixed(name, "candidate", arch, train, multiples) for name, arch, train in chosen]
     runs = {}
     for name in filter(None, args.baselines.split(",")):
         if not (CONFIGS / f"{name}.yaml").is_file():
             raise UsageError(f"--baselines: {name}: no trainer/configs/{name}.yaml")
         runs[name] = load_run_config(CONFIGS / f"{name}.yaml")
+        if name in {c.name for c in configs}:
+            raise UsageError(f"--configs: {name} is also a --baselines hand design; rename the file")
     hands = [Configuration.fixed(name, "hand design", run.arch.to_dict(), run.train.to_dict(), multiples)
              for name, run in runs.items()]
     notes = []

@@ -267,3 +267,48 @@ def test_report_only_writes_the_tables_from_the_crams_so_far_and_crams_nothing(t
     text = (out / "transfer.md").read_text()
     assert table_row(text, "trial 1").split(" | ")[3].startswith("4.900 (n=1)")
     assert table_row(text, "sized-cpu").count(" - ") == 4  # nothing crammed at any multiple
+
+
+def write_config(path: Path, hidden: int, lr: float) -> str:
+    run = SIZED_CPU.__class__(path.stem, SIZED_CPU.arch.replace(hidden=hidden), SIZED_CPU.train.__class__.from_dict(
+        {**SIZED_CPU.train.to_dict(), "lr": lr}))
+    run.save(path)
+    return str(path)
+
+
+def test_run_configs_are_candidates_named_by_their_files_with_their_own_training(tmp_path, monkeypatch, capsys):
+    """--configs: e.g. each study's export; its kept crams are read, another architecture's refused."""
+    a, b = write_config(tmp_path / "winner-a.yaml", 64, 1e-3), write_config(tmp_path / "winner-b.yaml", 32, 2e-3)
+    chosen = transfer.config_candidates(f"{a}, {b}")
+    assert [(name, arch["hidden"], train["lr"]) for name, arch, train in chosen] == [("winner-a", 64, 1e-3),
+                                                                                     ("winner-b", 32, 2e-3)]
+    with pytest.raises(transfer.UsageError, match="--configs: one or more YAML files with different names"):
+        transfer.config_candidates(f"{a},{a}")
+
+    out = tmp_path / "out"
+    out.mkdir()
+    kept = {**cram_row("winner-a", 1.0, 0, 4.9), "arch_fingerprint": load_run_config(a).arch.fingerprint()}
+    (out / "crams.jsonl").write_text(json.dumps(kept) + "\n")
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", InlinePool)
+    monkeypatch.setattr(accounting, "cram_job", lambda job: pytest.fail(f"crammed {job['key']}"))
+    flags = ["--data", str(tmp_path), "--configs", f"{a},{b}", "--baselines", "sized-cpu", "--out", str(out)]
+    assert transfer.main(flags + ["--report-only"]) == 0
+    text = (out / "transfer.md").read_text()
+    assert table_row(text, "winner-a").split(" | ")[3].startswith("4.900 (n=1)")
+    assert "| winner-b | candidate | 1x32" in text
+
+    write_config(tmp_path / "winner-a.yaml", 128, 1e-3)  # the name now means another architecture
+    capsys.readouterr()
+    assert transfer.main(flags + ["--report-only"]) == 2
+    assert "keeps winner-a|1x|0 of another architecture than winner-a's; pass another --out" in capsys.readouterr().err
+
+
+def test_configs_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    sized = write_config(tmp_path / "sized-cpu.yaml", 32, 1e-3)
+    flags = ["--data", str(tmp_path), "--out", str(tmp_path / "out")]
+    for extra, message in ((["--configs", str(tmp_path / "none.yaml")], "none.yaml: config file not found"),
+                           (["--configs", sized], "--configs: sized-cpu is also a --baselines hand design")):
+        assert transfer.main(flags + extra) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
