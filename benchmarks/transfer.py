@@ -5,7 +5,7 @@
          | --configs a.yaml,b.yaml,...) [--top 6] \\
         [--baselines crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu] [--budget 2e12flops] \\
         [--multiples 1,3,10,30] [--seeds-at 30x=1] [--size-fit sizing-sized-cpu/size-fit.json] \\
-        [--ladder-pick TRIAL] [--out transfer] [--report-only]
+        [--ladder-pick TRIAL | --ladder 3,10,30 [--eta 3]] [--out transfer] [--report-only]
 
 The configurations are the study's `--top` complete trials by validation loss ("trial N": their
 architecture, the study's training settings), or with `--table` the `--top` architectures of a
@@ -29,9 +29,10 @@ each multiple with its regime, † where the mean is below the two-neighbour cou
 and Kendall between each multiple and the largest over the fixed configurations (a resized design
 is a different model at each multiple, so it has no rank to carry), with bootstrap intervals; the
 best at 1x and at the largest multiple; with `--ladder-pick TRIAL` (the pick of `search.confirm
---ladder`), that trial at the largest multiple against the study's 1x winner (the best candidate at
-1x: what a search confirmed only at its trial budget would export) and against the best hand design
-there (resized with `--size-fit`), paired by seed.
+--ladder`), or with `--ladder RUNGS` the pick of that ladder replayed over these crams (successive
+halving, `--eta`: the ladder would run these very crams), that pick at the largest multiple against
+the 1x winner (the best candidate at 1x: what a search confirmed only at its trial budget would
+export) and against the best hand design there (resized with `--size-fit`), paired by seed.
 
 Cost (an estimate from the CPU profile's ~3.5 core-minutes per 1e13 FLOPs, not measured): 72 trial
 budgets of crams per configuration at the defaults (3 x 1 + 3 x 3 + 3 x 10 + 1 x 30), so at 2e12
@@ -52,6 +53,7 @@ from pathlib import Path
 from accounting import CONFIGS, Crams
 from fidelity import correlation
 
+from search.ladder import DEFAULT_ETA
 from search.stats import mean_interval
 from space.arch import ArchConfig
 from space.errors import CramnasError, UsageError
@@ -153,6 +155,22 @@ def best(table: dict[str, dict[float, Cell]], names, m: float) -> str | None:
     """The configuration of `names` with the lowest mean at multiple `m`."""
     measured = [name for name in names if m in table[name]]
     return min(measured, key=lambda name: table[name][m].mean) if measured else None
+
+
+def replayed_ladder(table: dict[str, dict[float, Cell]], candidates: list[str], rungs, eta: int) -> str | None:
+    """The pick of `search.confirm --ladder` over these crams: every candidate at the first rung, the
+    best 1/eta by mean (`search.ladder.kept`) up each rung, the best at the highest rung reached.
+    The ladder would cram exactly these (the same models, seeds and budgets; a cram here repeats to
+    the last digit), so replaying it costs nothing; a rung not crammed yet ends the replay."""
+    from search.ladder import kept
+
+    climbing, chosen = list(candidates), None  # in the given order: of equal means the earlier goes up
+    for rung in rungs:
+        measured = sorted((n for n in climbing if rung in table[n]), key=lambda n: table[n][rung].mean)
+        if not measured:
+            break
+        chosen, climbing = measured[0], measured[:kept(len(climbing), eta)]
+    return chosen
 
 
 # ---- the tables ----------------------------------------------------------------------------------
@@ -287,13 +305,14 @@ def report(configs: list[Configuration], table: dict[str, dict[float, Cell]], bu
 
 # ---- the command ---------------------------------------------------------------------------------
 
-def parse_multiples(text: str) -> tuple[float, ...]:
+def parse_multiples(text: str, flag: str = "--multiples", example: str = MULTIPLES, least: int = 2) -> tuple[float, ...]:
     try:
         multiples = tuple(float(part.strip().removesuffix("x")) for part in text.split(","))
     except ValueError:
-        raise UsageError(f"--multiples: cannot read {text!r}; write e.g. 1,3,10,30") from None
-    if len(multiples) < 2 or any(m <= 0 for m in multiples) or list(multiples) != sorted(set(multiples)):
-        raise UsageError(f"--multiples: two or more positive multiples, increasing, e.g. 1,3,10,30; got {text!r}")
+        raise UsageError(f"{flag}: cannot read {text!r}; write e.g. {example}") from None
+    if len(multiples) < least or any(m <= 0 for m in multiples) or list(multiples) != sorted(set(multiples)):
+        raise UsageError(f"{flag}: {'two' if least == 2 else 'one'} or more positive multiples, increasing, "
+                         f"e.g. {example}; got {text!r}")
     return multiples
 
 
@@ -403,15 +422,19 @@ def parse_arguments(argv: list[str] | None) -> object:
     parser.add_argument("--multiples", default=MULTIPLES)
     parser.add_argument("--seeds-at", help=f"seeds per multiple where not {SEEDS}, e.g. 30x=1 (the default)")
     parser.add_argument("--size-fit", help="a search.sizing size-fit.json: the hand designs also resized")
-    parser.add_argument("--ladder-pick", type=int, help="the trial search.confirm --ladder picked")
+    ladder = parser.add_mutually_exclusive_group()
+    ladder.add_argument("--ladder-pick", type=int, help="the trial search.confirm --ladder picked")
+    ladder.add_argument("--ladder", help="the rungs (multiples, e.g. 3,10,30) of a ladder replayed over these "
+                        "crams: its pick, without running search.confirm")
+    parser.add_argument("--eta", type=int, default=DEFAULT_ETA, help="with --ladder: the best 1/eta go up")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--report-only", action="store_true",
                         help="cram nothing: the tables from the crams in --out so far (e.g. while a call runs)")
     parser.add_argument("--cache-dir")
     parser.add_argument("--out", default="transfer")
     args = parser.parse_args(argv)
-    if args.top < 1 or args.jobs < 1:
-        parser.error("--top and --jobs: 1 or more")
+    if args.top < 1 or args.jobs < 1 or args.eta < 2:
+        parser.error("--top and --jobs: 1 or more; --eta: 2 or more")
     if args.study and not args.storage:
         parser.error("--study needs --storage, e.g. --storage sqlite:///optuna.db")
     if not args.study and args.ladder_pick is not None:
@@ -427,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     except CramnasError as error:  # bad flags, study, configs or fit: before any training
         print(f"error: {error}", file=sys.stderr)
         return 2
-    configs, budget, multiples, seeds_at, pick, notes = plan
+    configs, budget, multiples, seeds_at, pick, rungs, notes = plan
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     crams = Crams(out, args.data, args.cache_dir, budget, args.jobs)
@@ -438,7 +461,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not args.report_only:
         crams.run(wanted(configs, seeds_at))
-    text = report(configs, cells(crams, configs, seeds_at), budget, multiples, seeds_at, pick, notes)
+    table = cells(crams, configs, seeds_at)
+    if rungs:
+        candidates = [c.name for c in configs if c.kind == "candidate"]
+        pick = replayed_ladder(table, candidates, rungs, args.eta)
+        notes = [*notes, f"the ladder's pick: replayed over rungs {', '.join(f'{m:g}x' for m in rungs)}, eta {args.eta}"]
+    text = report(configs, table, budget, multiples, seeds_at, pick, notes)
     (out / "transfer.md").write_text(text)
     print("\n" + text)
     return 0
@@ -479,7 +507,12 @@ def settle(args) -> tuple:
         sized, notes = resized_designs(hands, runs, load_size_fit(args.size_fit), budget, multiples)
         hands += sized
     pick = None if args.ladder_pick is None else f"trial {args.ladder_pick}"
-    return configs + hands, budget, multiples, seeds_at, pick, notes
+    rungs = ()
+    if args.ladder:
+        rungs = parse_multiples(args.ladder, "--ladder", "3,10,30", least=1)
+        if not set(rungs) <= set(multiples):
+            raise UsageError(f"--ladder: every rung a multiple of --multiples ({args.multiples}); got {args.ladder!r}")
+    return configs + hands, budget, multiples, seeds_at, pick, rungs, notes
 
 
 if __name__ == "__main__":

@@ -312,3 +312,39 @@ def test_configs_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_a_replayed_ladder_promotes_the_best_third_and_picks_at_its_highest_rung(tmp_path):
+    # a wins at 1x, b and c pass it at 3x; of b and c, c is better at 3x but b at 10x and 30x
+    curves = {"a": seeds(4.0, 3.9, 3.8, 3.7), "b": seeds(4.1, 3.6, 3.3, 3.0), "c": seeds(4.2, 3.5, 3.4, 3.2),
+              "d": seeds(4.3, 3.8, 3.6, 3.5), "e": seeds(4.4, 3.85, 3.7, 3.6), "f": seeds(4.5, 3.95, 3.75, 3.65)}
+    _, table = made_up(tmp_path, curves)
+    names = list(curves)
+    # 6 candidates at 3x, 2 (c, b) up to 10x, where b is better; 1 up to 30x: b
+    assert transfer.replayed_ladder(table, names, (3.0, 10.0, 30.0), eta=3) == "b"
+    # eta 6: only c, the best at 3x, goes up, and is the pick though b would have been better
+    assert transfer.replayed_ladder(table, names, (3.0, 10.0, 30.0), eta=6) == "c"
+    assert transfer.replayed_ladder(table, names, (1.0,), eta=3) == "a"
+    del table["b"][30.0]  # the rung above is not crammed yet: the pick is the best at the highest reached
+    assert transfer.replayed_ladder(table, names, (3.0, 10.0, 30.0), eta=3) == "b"
+    assert transfer.replayed_ladder({n: {} for n in names}, names, (3.0,), eta=3) is None
+
+
+def test_the_replayed_ladder_pick_is_reported_against_the_1x_winner(tmp_path, monkeypatch):
+    paths = [write_config(tmp_path / f"{name}.yaml", hidden, 1e-3) for name, hidden in (("wa", 32), ("wb", 64))]
+    out = tmp_path / "out"
+    out.mkdir()
+    rows = [cram_row(name, m, seed, loss) for name, curve in {"wa": seeds(4.0, 3.9, 3.8, 3.7),
+                                                              "wb": seeds(4.1, 3.6, 3.3, 3.0)}.items()
+            for m, losses in curve.items() for seed, loss in enumerate(losses)]
+    (out / "crams.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", InlinePool)
+    monkeypatch.setattr(accounting, "cram_job", lambda job: pytest.fail(f"crammed {job['key']}"))
+    assert transfer.main(["--data", str(tmp_path), "--configs", ",".join(paths), "--baselines", "",
+                          "--out", str(out), "--ladder", "3,10,30", "--report-only"]) == 0
+    text = (out / "transfer.md").read_text()
+    assert "wb (the ladder's pick) at 30x: 3.000" in text
+    assert "- against the 1x winner, wa (3.700 at 30x): pick - wa -0.700" in text
+    assert "note: the ladder's pick: replayed over rungs 3x, 10x, 30x, eta 3" in text
+    assert transfer.main(["--data", str(tmp_path), "--configs", ",".join(paths), "--baselines", "",
+                          "--out", str(out), "--ladder", "3,20", "--report-only"]) == 2
