@@ -13,7 +13,9 @@ real-cram table (benchmarks/cram_table.py: a space-filling design of the CPU spa
 budget, what a random search of that many trials would confirm) by mean loss over their seeds, hand
 designs left out ("design:N"/"recorded:..." as the table names them, the CPU profile's trial
 settings), or with `--configs` the run configs named (e.g. `search.export`'s winner of each of
-several studies; each named by its file's stem, with its own training settings), and the hand
+several studies; each named by its file's stem, with its own training settings; one whose design
+an earlier one has, at another size, e.g. `search.sizing.size_family`'s copy, is "other size": ranked
+and crammed like the rest, but no candidate of the ladder or the 1x winner), and the hand
 designs of `--baselines`
 (trainer/configs/<name>.yaml). Each is crammed at every multiple of the 1x budget (default: the
 study's trial budget), with seeds 0..k-1: k is 3, or what `--seeds-at` says (default 30x=1). With
@@ -32,7 +34,9 @@ best at 1x and at the largest multiple; with `--ladder-pick TRIAL` (the pick of 
 --ladder`), or with `--ladder RUNGS` the pick of that ladder replayed over these crams (successive
 halving, `--eta`: the ladder would run these very crams), that pick at the largest multiple against
 the 1x winner (the best candidate at 1x: what a search confirmed only at its trial budget would
-export) and against the best hand design there (resized with `--size-fit`), paired by seed.
+export) and against the best hand design there (resized with `--size-fit`), paired by seed. Where
+one design is crammed at three sizes or more, `search.sizing`'s fit of its best size against compute
+over the mean losses: each multiple's best size, N_opt = a C^b and each budget held out in turn.
 
 Cost (an estimate from the CPU profile's ~3.5 core-minutes per 1e13 FLOPs, not measured): 72 trial
 budgets of crams per configuration at the defaults (3 x 1 + 3 x 3 + 3 x 10 + 1 x 30), so at 2e12
@@ -43,6 +47,7 @@ of two cores (small models are slower per FLOP, so likely more).
 from __future__ import annotations
 
 import csv
+import json
 import math
 import statistics
 import sys
@@ -74,7 +79,7 @@ BELOW = "†"  # the mean is below the two-neighbour count model
 @dataclass
 class Configuration:
     name: str
-    kind: str  # "candidate" | "hand design" | "resized"
+    kind: str  # "candidate" | "other size" (a candidate's design at another size) | "hand design" | "resized"
     train: dict
     archs: dict[float, dict]  # the architecture crammed at each multiple
     crammed_as: dict[float, str]  # the name its crams are kept under at each multiple
@@ -171,6 +176,60 @@ def replayed_ladder(table: dict[str, dict[float, Cell]], candidates: list[str], 
             break
         chosen, climbing = measured[0], measured[:kept(len(climbing), eta)]
     return chosen
+
+
+SIZE_FIELDS = ("layers", "hidden", "heads")  # what search.sizing.size_family changes; the rest is the design
+
+
+def design_of(arch: dict) -> str:
+    """An architecture's every field but its size, as a key."""
+    return json.dumps({k: v for k, v in arch.items() if k not in SIZE_FIELDS}, sort_keys=True)
+
+
+def size_families(configs: list[Configuration], multiples) -> dict[str, list[Configuration]]:
+    """Fixed configurations that are one design at three or more sizes (e.g. a winner and
+    `size_family` copies of it given with `--configs`), by the first one's name."""
+    groups: dict[str, list[Configuration]] = {}
+    for config in configs:
+        if config.kind != "resized":
+            groups.setdefault(design_of(config.archs[multiples[0]]), []).append(config)
+    families = {}
+    for members in groups.values():
+        sizes = {(c.archs[multiples[0]]["layers"], c.archs[multiples[0]]["hidden"]) for c in members}
+        if len(sizes) >= 3:
+            families[members[0].name] = members
+    return families
+
+
+def size_fit_lines(family: list[Configuration], table: dict[str, dict[float, Cell]], budget: Budget,
+                   multiples) -> list[str]:
+    """search.sizing's fit of how the design's best size grows with compute, over the family's
+    mean losses at each multiple: each multiple's best size (IsoFLOP parabola), N_opt = a C^b, and
+    each budget held out in turn."""
+    from search.sizing import SizingError, best_cell, fit_lines, fit_size, non_embedding_params, short_count
+
+    arch = lambda config: ArchConfig.from_dict(config.archs[multiples[0]])
+    family = sorted(family, key=lambda c: non_embedding_params(arch(c)))
+    rows = [{"budget_flops": budget.amount * m, "size": f"{arch(c).layers}x{arch(c).hidden}",
+             "non_embedding_params": non_embedding_params(arch(c)), "validation_loss": table[c.name][m].mean}
+            for c in family for m in multiples if m in table[c.name]]
+    lines = ["| size | configuration | N | " + " | ".join(f"{m:g}x" for m in multiples) + " |",
+             "|---|---|---|" + "---|" * len(multiples)]
+    try:
+        fit = fit_size(rows)
+    except SizingError as error:
+        fit = None
+        note = f"no fit yet: {error}"
+    best = {round(b.budget_flops / budget.amount, 6): b for b in fit.best} if fit else {}
+    for c in family:
+        size = f"{arch(c).layers}x{arch(c).hidden}"
+        cells = [("-" if m not in table[c.name] else f"**{table[c.name][m].mean:.3f}**"
+                  if m in best and best[m].size == size else f"{table[c.name][m].mean:.3f}") for m in multiples]
+        lines.append(f"| {size} | {c.name} | {short_count(non_embedding_params(arch(c)))} | " + " | ".join(cells) + " |")
+    if fit is None:
+        return lines + ["", note, ""]
+    lines.append("| best N | | | " + " | ".join(best_cell(best.get(m)) for m in multiples) + " |")
+    return lines + ["", "N: non-embedding parameters; the mean over each cell's seeds.", "", *fit_lines(fit), ""]
 
 
 # ---- the tables ----------------------------------------------------------------------------------
@@ -300,6 +359,9 @@ def report(configs: list[Configuration], table: dict[str, dict[float, Cell]], bu
               *correlation_table(table, fixed, multiples, resamples), *best_lines(table, fixed, multiples)]
     if pick is not None:
         lines += ["## The ladder's pick", "", *ladder_pick_lines(table, pick, candidates, hands, resized, multiples)]
+    for name, family in size_families(configs, multiples).items():
+        lines += [f"## Size fit of {name}'s design ({ArchConfig.from_dict(family[0].archs[multiples[0]]).describe()})",
+                  "", *size_fit_lines(family, table, budget, multiples)]
     return "\n".join(lines + [f"note: {note}" for note in notes]) + "\n"
 
 
@@ -490,7 +552,11 @@ def settle(args) -> tuple:
         trials, train, study_budget = study_candidates(args.storage, args.study, args.top, args.ladder_pick)
         chosen = [(f"trial {n}", arch, train) for n, arch in trials]
     budget = Budget.parse(args.budget or study_budget or "2e12flops")
-    configs = [Configuration.fixed(name, "candidate", arch, train, multiples) for name, arch, train in chosen]
+    configs, designs = [], set()
+    for name, arch, train in chosen:  # a design given again at another size (for its size fit) is no new candidate
+        design = design_of(arch)
+        configs.append(Configuration.fixed(name, "other size" if design in designs else "candidate", arch, train, multiples))
+        designs.add(design)
     runs = {}
     for name in filter(None, args.baselines.split(",")):
         if not (CONFIGS / f"{name}.yaml").is_file():

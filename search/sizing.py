@@ -177,8 +177,8 @@ class SizeChoice:
         if not self.beyond_grid:
             return None
         end = "smallest" if self.beyond_grid == "below" else "largest"
-        return (f"at {_flops(self.target_flops)} the fit predicts N={_short(self.predicted)}, {self.beyond_grid} "
-                f"the grid: sized at its {end} size, {self.size} (N={_short(self.params)}); "
+        return (f"at {_flops(self.target_flops)} the fit predicts N={short_count(self.predicted)}, {self.beyond_grid} "
+                f"the grid: sized at its {end} size, {self.size} (N={short_count(self.params)}); "
                 f"add {'smaller' if end == 'smallest' else 'larger'} sizes to choose from")
 
     def to_dict(self) -> dict[str, Any]:
@@ -522,8 +522,8 @@ def main(argv: list[str] | None = None) -> int:
         config, choice = resized(plan.run, fit, plan.target, plan.run.provenance)
         record["target"] = choice.to_dict()
         config.save(plan.out / f"{config.name}.yaml")
-        print(f"\nat {plan.target.text}: the fit predicts N={_short(choice.predicted)}; the grid's nearest size is "
-              f"{choice.size} (N={_short(choice.params)}): {plan.out / f'{config.name}.yaml'}")
+        print(f"\nat {plan.target.text}: the fit predicts N={short_count(choice.predicted)}; the grid's nearest size is "
+              f"{choice.size} (N={short_count(choice.params)}): {plan.out / f'{config.name}.yaml'}")
         if choice.warning:
             print(f"warning: {choice.warning}")
     (plan.out / FIT_FILE).write_text(json.dumps(record, indent=2) + "\n")
@@ -586,18 +586,18 @@ def markdown_table(plan: Plan, rows: list[dict], fit: SizeFit | None) -> str:
             value = loss[(size_name(arch), budget.amount)]
             chosen = budget.amount in best and best[budget.amount].size == size_name(arch)
             cells.append("failed" if value is None else f"**{value:.3f}**" if chosen else f"{value:.3f}")
-        lines.append(f"| {size_name(arch)} | {_short(non_embedding_params(arch))} | " + " | ".join(cells) + " |")
+        lines.append(f"| {size_name(arch)} | {short_count(non_embedding_params(arch))} | " + " | ".join(cells) + " |")
     if fit is None:
         return "\n".join(lines)
-    lines.append("| best N | | " + " | ".join(_best_cell(best.get(b.amount)) for b in plan.budgets) + " |")
+    lines.append("| best N | | " + " | ".join(best_cell(best.get(b.amount)) for b in plan.budgets) + " |")
     return "\n".join(lines + [""] + fit_lines(fit))
 
 
-def _best_cell(best: BudgetBest | None) -> str:
+def best_cell(best: BudgetBest | None) -> str:
     if best is None:
         return "-"
     how = "parabola" if best.method == "parabola" else f"{best.edge} size: a bound" if best.edge else "lowest"
-    return f"{_short(best.params)} ({how})"
+    return f"{short_count(best.params)} ({how})"
 
 
 def fit_lines(fit: SizeFit) -> list[str]:
@@ -610,8 +610,8 @@ def fit_lines(fit: SizeFit) -> list[str]:
     else:
         lines.append(f"residual error {fit.residual_error:.3f} in ln N (x{math.exp(fit.residual_error):.2f}); "
                      f"each budget held out: {fit.held_out_error:.3f} RMS in ln N (x{math.exp(fit.held_out_error):.2f})")
-        lines += [f"  held out {_flops(h.budget_flops)}: predicted {_short(h.predicted)}, measured {_short(h.measured)} "
-                  f"({h.error:+.3f})" for h in fit.held_out]
+        lines += [f"  held out {_flops(h.budget_flops)}: predicted {short_count(h.predicted)}, "
+                  f"measured {short_count(h.measured)} ({h.error:+.3f})" for h in fit.held_out]
     lines += [f"note: at {_flops(b.budget_flops)} the best is the grid's {b.edge} size {b.size}: the optimum may lie "
               f"beyond it" for b in fit.best if b.edge]
     if all(b.edge for b in fit.best):
@@ -625,7 +625,7 @@ def _flops(value: float) -> str:
     return f"{value:.3g}".replace("e+", "e") + "flops"
 
 
-def _short(number: float) -> str:
+def short_count(number: float) -> str:
     """10.5k, 1.47M: a parameter count in a table."""
     for scale, unit in ((1e6, "M"), (1e3, "k")):
         if number >= scale:

@@ -269,16 +269,16 @@ def test_report_only_writes_the_tables_from_the_crams_so_far_and_crams_nothing(t
     assert table_row(text, "sized-cpu").count(" - ") == 4  # nothing crammed at any multiple
 
 
-def write_config(path: Path, hidden: int, lr: float) -> str:
-    run = SIZED_CPU.__class__(path.stem, SIZED_CPU.arch.replace(hidden=hidden), SIZED_CPU.train.__class__.from_dict(
-        {**SIZED_CPU.train.to_dict(), "lr": lr}))
+def write_config(path: Path, hidden: int, lr: float, ffn_kind: str = "geglu") -> str:
+    arch = SIZED_CPU.arch.replace(hidden=hidden, ffn_kind=ffn_kind)
+    run = SIZED_CPU.__class__(path.stem, arch, SIZED_CPU.train.__class__.from_dict({**SIZED_CPU.train.to_dict(), "lr": lr}))
     run.save(path)
     return str(path)
 
 
 def test_run_configs_are_candidates_named_by_their_files_with_their_own_training(tmp_path, monkeypatch, capsys):
     """--configs: e.g. each study's export; its kept crams are read, another architecture's refused."""
-    a, b = write_config(tmp_path / "winner-a.yaml", 64, 1e-3), write_config(tmp_path / "winner-b.yaml", 32, 2e-3)
+    a, b = write_config(tmp_path / "winner-a.yaml", 64, 1e-3), write_config(tmp_path / "winner-b.yaml", 32, 2e-3, "gelu")
     chosen = transfer.config_candidates(f"{a}, {b}")
     assert [(name, arch["hidden"], train["lr"]) for name, arch, train in chosen] == [("winner-a", 64, 1e-3),
                                                                                      ("winner-b", 32, 2e-3)]
@@ -331,7 +331,7 @@ def test_a_replayed_ladder_promotes_the_best_third_and_picks_at_its_highest_rung
 
 
 def test_the_replayed_ladder_pick_is_reported_against_the_1x_winner(tmp_path, monkeypatch):
-    paths = [write_config(tmp_path / f"{name}.yaml", hidden, 1e-3) for name, hidden in (("wa", 32), ("wb", 64))]
+    paths = [write_config(tmp_path / f"{name}.yaml", 32, 1e-3, ffn) for name, ffn in (("wa", "geglu"), ("wb", "gelu"))]
     out = tmp_path / "out"
     out.mkdir()
     rows = [cram_row(name, m, seed, loss) for name, curve in {"wa": seeds(4.0, 3.9, 3.8, 3.7),
@@ -346,5 +346,47 @@ def test_the_replayed_ladder_pick_is_reported_against_the_1x_winner(tmp_path, mo
     assert "wb (the ladder's pick) at 30x: 3.000" in text
     assert "- against the 1x winner, wa (3.700 at 30x): pick - wa -0.700" in text
     assert "note: the ladder's pick: replayed over rungs 3x, 10x, 30x, eta 3" in text
+    # wb's design at another size is ranked, but is no candidate of the ladder: wa stays the pick
+    wide = write_config(tmp_path / "wa-wide.yaml", 128, 1e-3)
+    rows = [cram_row("wa-wide", m, seed, loss) for m, losses in seeds(4.0, 3.5, 3.0, 2.5).items()
+            for seed, loss in enumerate(losses)]
+    with (out / "crams.jsonl").open("a") as file:
+        file.write("".join(json.dumps(row) + "\n" for row in rows))
+    assert transfer.main(["--data", str(tmp_path), "--configs", ",".join([*paths, wide]), "--baselines", "",
+                          "--out", str(out), "--ladder", "3,10,30", "--report-only"]) == 0
+    text = (out / "transfer.md").read_text()
+    assert "| wa-wide | other size | 1x128" in text and "wb (the ladder's pick) at 30x: 3.000" in text
     assert transfer.main(["--data", str(tmp_path), "--configs", ",".join(paths), "--baselines", "",
                           "--out", str(out), "--ladder", "3,20", "--report-only"]) == 2
+
+
+def test_one_design_at_three_sizes_gets_a_size_fit_with_each_budget_held_out(tmp_path):
+    from search.sizing import size_family
+
+    sizes = ("1x32", "1x64", "2x64", "2x128")
+    family = dict(zip(sizes, size_family(SIZED_CPU.arch, sizes)))
+    # the best size grows with compute: 1x32 at 1x, 1x64 at 3x, 2x64 at 10x, 2x128 at 30x
+    losses = {"1x32": (4.0, 3.80, 3.70, 3.65), "1x64": (4.1, 3.70, 3.50, 3.40),
+              "2x64": (4.3, 3.75, 3.40, 3.20), "2x128": (4.6, 3.90, 3.45, 3.10)}
+    rows = [cram_row(f"d-{size}", m, 0, loss) for size, curve in losses.items() for m, loss in zip(MULTIPLES, curve)]
+    rows.append(cram_row("other", 1.0, 0, 3.9))
+    (tmp_path / "crams.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    configs = [transfer.Configuration.fixed(f"d-{size}", "candidate", arch.to_dict(), {}, MULTIPLES)
+               for size, arch in family.items()]
+    configs.append(transfer.Configuration.fixed("other", "hand design", family["1x64"].replace(ffn_kind="gelu").to_dict(),
+                                                {}, MULTIPLES))
+    assert list(transfer.size_families(configs, MULTIPLES)) == ["d-1x32"]  # "other" is another design
+    assert transfer.size_families(configs[:2] + configs[4:], MULTIPLES) == {}  # two sizes fit nothing
+
+    crams = accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=1)
+    seeds_at = dict.fromkeys(MULTIPLES, 1)
+    text = transfer.report(configs, transfer.cells(crams, configs, seeds_at), Budget.parse("2e12flops"), MULTIPLES,
+                           seeds_at, resamples=200)
+    section = text[text.index("## Size fit of d-1x32's design (1x32/1h geglu pre-norm rotary)"):]
+    assert table_row(section, "1x32").split(" | ")[3] == "**4.000**"  # the lowest at 1x, in bold
+    assert table_row(section, "2x128").split(" | ")[6] == "**3.100** |"
+    best_n = [cell.strip(" |") for cell in table_row(section, "best N").split(" | ")[2:]]  # 1x, 3x, 10x, 30x
+    assert "smallest size: a bound" in best_n[0] and "parabola" in best_n[1] and "largest size: a bound" in best_n[3]
+    fit = re.search(r"fit: N_opt = \S+ x C\^(\S+) \(exponent ± \S+; 4 budgets, 4 sizes\)", section)
+    assert fit and float(fit.group(1)) > 0  # the best size grows with compute
+    assert section.count("  held out ") == 4 and "RMS in ln N" in section
