@@ -36,7 +36,8 @@ halving, `--eta`: the ladder would run these very crams), that pick at the large
 the 1x winner (the best candidate at 1x: what a search confirmed only at its trial budget would
 export) and against the best hand design there (resized with `--size-fit`), paired by seed. Where
 one design is crammed at three sizes or more, `search.sizing`'s fit of its best size against compute
-over the mean losses: each multiple's best size, N_opt = a C^b and each budget held out in turn.
+over the mean losses: each multiple's best size, N_opt = a C^b and each budget held out in turn,
+also written as `<out>/size-fit-<name>.json` for `search.export --target-budget B --size-fit FILE`.
 
 Cost (an estimate from the CPU profile's ~3.5 core-minutes per 1e13 FLOPs, not measured): 72 trial
 budgets of crams per configuration at the defaults (3 x 1 + 3 x 3 + 3 x 10 + 1 x 30), so at 2e12
@@ -201,35 +202,57 @@ def size_families(configs: list[Configuration], multiples) -> dict[str, list[Con
     return families
 
 
-def size_fit_lines(family: list[Configuration], table: dict[str, dict[float, Cell]], budget: Budget,
-                   multiples) -> list[str]:
-    """search.sizing's fit of how the design's best size grows with compute, over the family's
-    mean losses at each multiple: each multiple's best size (IsoFLOP parabola), N_opt = a C^b, and
-    each budget held out in turn."""
-    from search.sizing import SizingError, best_cell, fit_lines, fit_size, non_embedding_params, short_count
+def family_fit(family: list[Configuration], table: dict[str, dict[float, Cell]], budget: Budget, multiples):
+    """The family smallest N first and search.sizing's fit of how its best size grows with compute,
+    over its mean losses at each multiple (None and why, when there is too little to fit yet)."""
+    from search.sizing import SizingError, fit_size, non_embedding_params
 
     arch = lambda config: ArchConfig.from_dict(config.archs[multiples[0]])
     family = sorted(family, key=lambda c: non_embedding_params(arch(c)))
     rows = [{"budget_flops": budget.amount * m, "size": f"{arch(c).layers}x{arch(c).hidden}",
              "non_embedding_params": non_embedding_params(arch(c)), "validation_loss": table[c.name][m].mean}
             for c in family for m in multiples if m in table[c.name]]
+    try:
+        return family, fit_size(rows), ""
+    except SizingError as error:
+        return family, None, str(error)
+
+
+def size_fit_lines(family: list[Configuration], table: dict[str, dict[float, Cell]], budget: Budget,
+                   multiples) -> list[str]:
+    """The family's losses by size and multiple, each multiple's best size (IsoFLOP parabola), the
+    fit N_opt = a C^b and each budget held out in turn."""
+    from search.sizing import best_cell, fit_lines, non_embedding_params, short_count
+
+    family, fit, why = family_fit(family, table, budget, multiples)
     lines = ["| size | configuration | N | " + " | ".join(f"{m:g}x" for m in multiples) + " |",
              "|---|---|---|" + "---|" * len(multiples)]
-    try:
-        fit = fit_size(rows)
-    except SizingError as error:
-        fit = None
-        note = f"no fit yet: {error}"
     best = {round(b.budget_flops / budget.amount, 6): b for b in fit.best} if fit else {}
     for c in family:
-        size = f"{arch(c).layers}x{arch(c).hidden}"
+        arch = ArchConfig.from_dict(c.archs[multiples[0]])
+        size = f"{arch.layers}x{arch.hidden}"
         cells = [("-" if m not in table[c.name] else f"**{table[c.name][m].mean:.3f}**"
                   if m in best and best[m].size == size else f"{table[c.name][m].mean:.3f}") for m in multiples]
-        lines.append(f"| {size} | {c.name} | {short_count(non_embedding_params(arch(c)))} | " + " | ".join(cells) + " |")
+        lines.append(f"| {size} | {c.name} | {short_count(non_embedding_params(arch))} | " + " | ".join(cells) + " |")
     if fit is None:
-        return lines + ["", note, ""]
+        return lines + ["", f"no fit yet: {why}", ""]
     lines.append("| best N | | | " + " | ".join(best_cell(best.get(m)) for m in multiples) + " |")
     return lines + ["", "N: non-embedding parameters; the mean over each cell's seeds.", "", *fit_lines(fit), ""]
+
+
+def write_size_fits(out: Path, configs: list[Configuration], table: dict[str, dict[float, Cell]], budget: Budget,
+                    multiples) -> list[str]:
+    """Each family's fit as `<out>/size-fit-<name>.json`, in search.sizing's format (for
+    `search.export --target-budget B --size-fit FILE` and this script's `--size-fit`); notes."""
+    notes = []
+    for name, family in size_families(configs, multiples).items():
+        _, fit, _ = family_fit(family, table, budget, multiples)
+        if fit is not None:
+            path = out / f"size-fit-{name}.json"
+            design = ArchConfig.from_dict(family[0].archs[multiples[0]]).describe()
+            path.write_text(json.dumps({"config": name, "design": design, **fit.to_dict()}, indent=2) + "\n")
+            notes.append(f"{name}'s size fit: {path}")
+    return notes
 
 
 # ---- the tables ----------------------------------------------------------------------------------
@@ -528,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         candidates = [c.name for c in configs if c.kind == "candidate"]
         pick = replayed_ladder(table, candidates, rungs, args.eta)
         notes = [*notes, f"the ladder's pick: replayed over rungs {', '.join(f'{m:g}x' for m in rungs)}, eta {args.eta}"]
+    notes = [*notes, *write_size_fits(out, configs, table, budget, multiples)]
     text = report(configs, table, budget, multiples, seeds_at, pick, notes)
     (out / "transfer.md").write_text(text)
     print("\n" + text)

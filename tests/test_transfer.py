@@ -380,13 +380,21 @@ def test_one_design_at_three_sizes_gets_a_size_fit_with_each_budget_held_out(tmp
 
     crams = accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=1)
     seeds_at = dict.fromkeys(MULTIPLES, 1)
-    text = transfer.report(configs, transfer.cells(crams, configs, seeds_at), Budget.parse("2e12flops"), MULTIPLES,
-                           seeds_at, resamples=200)
+    table = transfer.cells(crams, configs, seeds_at)
+    text = transfer.report(configs, table, Budget.parse("2e12flops"), MULTIPLES, seeds_at, resamples=200)
     section = text[text.index("## Size fit of d-1x32's design (1x32/1h geglu pre-norm rotary)"):]
     assert table_row(section, "1x32").split(" | ")[3] == "**4.000**"  # the lowest at 1x, in bold
     assert table_row(section, "2x128").split(" | ")[6] == "**3.100** |"
     best_n = [cell.strip(" |") for cell in table_row(section, "best N").split(" | ")[2:]]  # 1x, 3x, 10x, 30x
     assert "smallest size: a bound" in best_n[0] and "parabola" in best_n[1] and "largest size: a bound" in best_n[3]
-    fit = re.search(r"fit: N_opt = \S+ x C\^(\S+) \(exponent ± \S+; 4 budgets, 4 sizes\)", section)
-    assert fit and float(fit.group(1)) > 0  # the best size grows with compute
+    fit_exponent = re.search(r"fit: N_opt = \S+ x C\^(\S+) \(exponent ± \S+; 4 budgets, 4 sizes\)", section)
+    assert fit_exponent and float(fit_exponent.group(1)) > 0  # the best size grows with compute
     assert section.count("  held out ") == 4 and "RMS in ln N" in section
+    # the fit as search.sizing writes it: search.export --target-budget reads it
+    from search.sizing import load_size_fit
+
+    assert transfer.write_size_fits(tmp_path, configs, table, Budget.parse("2e12flops"), MULTIPLES) == [
+        f"d-1x32's size fit: {tmp_path / 'size-fit-d-1x32.json'}"]
+    fit = load_size_fit(tmp_path / "size-fit-d-1x32.json")
+    assert fit.exponent == pytest.approx(float(fit_exponent.group(1)), abs=1e-3) and len(fit.held_out) == 4
+    assert fit.choose(SIZED_CPU.arch, 2e12 * 30).size == "2x128"  # the largest size at the largest budget
