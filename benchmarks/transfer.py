@@ -204,14 +204,17 @@ def size_families(configs: list[Configuration], multiples) -> dict[str, list[Con
 
 def family_fit(family: list[Configuration], table: dict[str, dict[float, Cell]], budget: Budget, multiples):
     """The family smallest N first and search.sizing's fit of how its best size grows with compute,
-    over its mean losses at each multiple (None and why, when there is too little to fit yet)."""
+    over its mean losses at each multiple with two sizes or more (None and why, when there is too
+    little to fit yet)."""
     from search.sizing import SizingError, fit_size, non_embedding_params
 
     arch = lambda config: ArchConfig.from_dict(config.archs[multiples[0]])
     family = sorted(family, key=lambda c: non_embedding_params(arch(c)))
+    # a multiple with one size crammed so far says nothing of the best size there
+    compared = [m for m in multiples if sum(m in table[c.name] for c in family) >= 2]
     rows = [{"budget_flops": budget.amount * m, "size": f"{arch(c).layers}x{arch(c).hidden}",
              "non_embedding_params": non_embedding_params(arch(c)), "validation_loss": table[c.name][m].mean}
-            for c in family for m in multiples if m in table[c.name]]
+            for c in family for m in compared if m in table[c.name]]
     try:
         return family, fit_size(rows), ""
     except SizingError as error:

@@ -390,6 +390,11 @@ def test_one_design_at_three_sizes_gets_a_size_fit_with_each_budget_held_out(tmp
     fit_exponent = re.search(r"fit: N_opt = \S+ x C\^(\S+) \(exponent ± \S+; 4 budgets, 4 sizes\)", section)
     assert fit_exponent and float(fit_exponent.group(1)) > 0  # the best size grows with compute
     assert section.count("  held out ") == 4 and "RMS in ln N" in section
+    # a multiple with one size crammed is left out of the fit: it has no best size
+    lone = {**table, **{f"d-{size}": {m: cell for m, cell in table[f"d-{size}"].items() if m != 30.0}
+                        for size in sizes[:3]}}
+    _, partial, _ = transfer.family_fit(configs[:4], lone, Budget.parse("2e12flops"), MULTIPLES)
+    assert partial.budgets == (2e12, 6e12, 2e13)
     # the fit as search.sizing writes it: search.export --target-budget reads it
     from search.sizing import load_size_fit
 
