@@ -363,6 +363,8 @@ def ladder_pick_lines(table: dict[str, dict[float, Cell]], pick: str, candidates
             lines.append(f"- against {label}: not measured")
         elif other == pick:
             lines.append(f"- against {label}: it is {label}")
+        elif top not in table[other]:
+            lines.append(f"- against {label}, {other}: no {top:g}x cram")
         else:
             lines.append(f"- against {label}, {other} ({table[other][top].mean:.3f} at {top:g}x): pick - {other} "
                          f"{paired(table, other, pick, multiples)}")

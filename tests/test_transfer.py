@@ -346,6 +346,11 @@ def test_the_replayed_ladder_pick_is_reported_against_the_1x_winner(tmp_path, mo
     assert "wb (the ladder's pick) at 30x: 3.000" in text
     assert "- against the 1x winner, wa (3.700 at 30x): pick - wa -0.700" in text
     assert "note: the ladder's pick: replayed over rungs 3x, 10x, 30x, eta 3" in text
+    table = {"wa": {1.0: transfer.Cell({0: 3.0}, 5.8, CONTEXT, "1x32")}, "wb": transfer.cells(
+        accounting.Crams(out, "data", None, Budget.parse("2e12flops"), 1),
+        [transfer.Configuration.fixed("wb", "candidate", ARCH, {}, MULTIPLES)], SEEDS_AT)["wb"]}
+    lines = transfer.ladder_pick_lines(table, "wb", ["wa", "wb"], [], [], MULTIPLES)  # the 1x winner never got to 30x
+    assert "- against the 1x winner, wa: no 30x cram" in lines
     # wb's design at another size is ranked, but is no candidate of the ladder: wa stays the pick
     wide = write_config(tmp_path / "wa-wide.yaml", 128, 1e-3)
     rows = [cram_row("wa-wide", m, seed, loss) for m, losses in seeds(4.0, 3.5, 3.0, 2.5).items()
