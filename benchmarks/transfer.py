@@ -39,10 +39,11 @@ one design is crammed at three sizes or more, `search.sizing`'s fit of its best 
 over the mean losses: each multiple's best size, N_opt = a C^b and each budget held out in turn,
 also written as `<out>/size-fit-<name>.json` for `search.export --target-budget B --size-fit FILE`.
 
-Cost (an estimate from the CPU profile's ~3.5 core-minutes per 1e13 FLOPs, not measured): 72 trial
-budgets of crams per configuration at the defaults (3 x 1 + 3 x 3 + 3 x 10 + 1 x 30), so at 2e12
-FLOPs about 50 core-minutes each: 10 configurations, or 14 with `--size-fit`, are some 4 to 6 hours
-of two cores (small models are slower per FLOP, so likely more).
+Cost: 72 trial budgets of crams per configuration at the defaults (3 x 1 + 3 x 3 + 3 x 10 + 1 x 30).
+Measured on the 2-core AMD EPYC at 2e12 FLOPs per trial budget (benchmarks/RESULTS.md, "Transfer
+from the trial budget to 30x"): one trial budget takes about 0.5 core-minutes at 2x128 and 1-1.3 at
+hidden 32 (small models are slower per FLOP), so a configuration costs some 40 to 95 core-minutes
+and 10 of them 7 to 16 hours of two cores: on a CPU, run the 30x rung for a few configurations.
 """
 
 from __future__ import annotations
