@@ -43,7 +43,8 @@ Cost: 72 trial budgets of crams per configuration at the defaults (3 x 1 + 3 x 3
 Measured on the 2-core AMD EPYC at 2e12 FLOPs per trial budget (benchmarks/RESULTS.md, "Transfer
 from the trial budget to 30x"): one trial budget takes about 0.5 core-minutes at 2x128 and 1-1.3 at
 hidden 32 (small models are slower per FLOP), so a configuration costs some 40 to 95 core-minutes
-and 10 of them 7 to 16 hours of two cores: on a CPU, run the 30x rung for a few configurations.
+and 10 of them 7 to 16 core-hours (half that in wall time on two cores): on a CPU, run the 30x
+rung for a few configurations.
 """
 
 from __future__ import annotations
