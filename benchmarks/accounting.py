@@ -40,12 +40,14 @@ import math
 import multiprocessing
 import os
 import statistics
+import sys
 from pathlib import Path
 
 from fidelity import UNIT, correlation, cram_job
 
 from search.stats import mean_interval
 from space.arch import ArchConfig, ArchError
+from space.errors import UsageError
 from trainer.budget import Budget
 from trainer.config import TrainConfig, load_run_config
 from trainer.regimes import regime
@@ -182,8 +184,19 @@ class Crams:
     def key(self, name: str, multiple: float, seed: int) -> str:
         return f"{name}|{multiple:g}x|{seed}"
 
+    def check(self, wanted: list[tuple[str, dict, dict, float, int]]) -> None:
+        """Crams are kept by key (name, multiple, seed): a kept one of another architecture than the
+        call asks under that key (an --out shared by two runs, a study whose winner changed) would be
+        read as this one's. A one-line error instead, before anything is crammed."""
+        for name, arch, _train, multiple, seed in wanted:
+            kept = self.done.get(self.key(name, multiple, seed), {}).get("arch_fingerprint")  # every cram_job row has it
+            if kept is not None and kept != ArchConfig.from_dict(arch).fingerprint():
+                raise UsageError(f"--out: {self.path} keeps {self.key(name, multiple, seed)} of another architecture "
+                                 f"than this call's {name}; pass another --out")
+
     def run(self, wanted: list[tuple[str, dict, dict, float, int]]) -> None:
-        """Cram every (name, arch, train, multiple, seed) not done yet."""
+        """Cram every (name, arch, train, multiple, seed) not done yet; each is kept as it finishes."""
+        self.check(wanted)
         threads = max(1, (os.cpu_count() or 1) // self.jobs)
         jobs = {self.key(name, multiple, seed): {  # keyed: a cram asked for twice runs once
             "key": self.key(name, multiple, seed), "name": name, "arch": arch, "train": {**train, "seed": seed},
@@ -194,9 +207,15 @@ class Crams:
         jobs.sort(key=lambda job: -Budget.parse(job["budget"]).amount)  # longest first: the pool ends evenly
         print(f"{len(jobs)} crams to run, {len({self.key(n, m, s) for n, _, _, m, s in wanted}) - len(jobs)} done before",
               flush=True)
+        kept = 0
         with concurrent.futures.ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             for finished in concurrent.futures.as_completed([pool.submit(cram_job, job) for job in jobs]):
-                row = finished.result()
+                try:
+                    row = finished.result()
+                except concurrent.futures.process.BrokenProcessPool:  # a worker killed: the pool ends them all
+                    raise SystemExit(f"error: a cram's worker process died; {kept} of {len(jobs)} crams finished and "
+                                     f"are kept in {self.path}; run the same command again to go on") from None
+                kept += 1
                 self.done[row["key"]] = row
                 with self.path.open("a") as file:
                     file.write(json.dumps(row) + "\n")
@@ -412,4 +431,8 @@ def _valid(arch: dict) -> bool:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UsageError as error:  # e.g. a kept cram of another architecture: said before anything is crammed
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -46,6 +46,7 @@ from search.controllers import DEFAULT_CONTROLLER  # noqa: E402
 from search.paths import SPACES  # noqa: E402
 from search.stats import mean_interval  # noqa: E402
 from space.arch import ArchConfig  # noqa: E402
+from space.errors import UsageError  # noqa: E402
 from space.search_space import load_space  # noqa: E402
 from trainer.budget import Budget  # noqa: E402
 from trainer.regimes import regime  # noqa: E402
@@ -261,4 +262,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UsageError as error:  # e.g. a kept cram of another architecture: said before anything is crammed
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -487,18 +487,6 @@ def config_candidates(paths: str) -> list[tuple[str, dict, dict]]:
     return chosen
 
 
-def check_reused(crams: Crams, configs: list[Configuration]) -> None:
-    """Crams are kept by name: one kept under a name this call gives another architecture (an --out
-    shared by two transfers) would be read as this one's."""
-    for config in configs:
-        wanted_prints = {ArchConfig.from_dict(arch).fingerprint() for arch in config.archs.values()}
-        for row in crams.done.values():
-            kept = row.get("arch_fingerprint")  # every cram_job row has it
-            if row["name"] in config.crammed_as.values() and kept is not None and kept not in wanted_prints:
-                raise UsageError(f"--out: {crams.path} keeps {row['key']} of another architecture than "
-                                 f"{config.name}'s; pass another --out")
-
-
 def parse_arguments(argv: list[str] | None) -> object:
     parser = CliParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True)
@@ -547,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     crams = Crams(out, args.data, args.cache_dir, budget, args.jobs)
     try:
-        check_reused(crams, configs)
+        crams.check(wanted(configs, seeds_at))  # --report-only reads them as well
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

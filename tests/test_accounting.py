@@ -4,6 +4,7 @@ on made-up numbers: the real benchmarks take hours."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib
 import json
 import sys
@@ -13,6 +14,8 @@ import optuna
 import pandas as pd
 import pytest
 
+from space.arch import ArchConfig
+from space.errors import UsageError
 from trainer.budget import Budget
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -58,7 +61,7 @@ def cram_row(name: str, multiple: float, seed: int, loss: float, tokens: int = 1
     """A line of crams.jsonl as fidelity.cram_job writes it, with what the accounting reads."""
     return {"key": f"{name}|{multiple:g}x|{seed}", "name": name, "validation_loss": loss, "seconds": 10.0 * multiple,
             "tokens": tokens, "flops_per_token": 1e6, "corruption_floor": 6.0, "context_reference": 3.0,
-            "unigram_floor": 7.0, "params": 100_000}
+            "unigram_floor": 7.0, "params": 100_000, "regime": "neighbours"}
 
 
 def test_payback_under_a_refs_budget_counts_the_flops_the_winners_crams_spent(tmp_path):
@@ -76,6 +79,51 @@ def test_payback_under_a_refs_budget_counts_the_flops_the_winners_crams_spent(tm
     assert "= 13 final runs of 60refs" in text
     assert "a factor 2.0 per final run, so the search pays back after 13.0 runs" in text
     assert "nan" not in text
+
+
+class InlinePool(concurrent.futures.ThreadPoolExecutor):
+    """`Crams.run`'s process pool, in this process and one at a time: the patched cram function is called."""
+
+    def __init__(self, workers: int, mp_context=None):
+        super().__init__(1)
+
+
+def small_arch(hidden: int) -> dict:
+    return ArchConfig(layers=1, hidden=hidden, heads=1).to_dict()
+
+
+def test_crams_refuse_a_kept_cram_of_another_architecture_before_cramming_anything(tmp_path, monkeypatch):
+    # Crams are kept by (name, multiple, seed): a study whose winner changed, or an --out shared by two
+    # runs, would otherwise read another architecture's loss as this one's.
+    kept = {**cram_row("winner", 1, 0, 4.4), "arch_fingerprint": ArchConfig.from_dict(small_arch(32)).fingerprint()}
+    (tmp_path / "crams.jsonl").write_text(json.dumps(kept) + "\n")
+    crammed = []
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", InlinePool)
+    monkeypatch.setattr(accounting, "cram_job", lambda job: crammed.append(job["key"]) or cram_row("winner", 1, 1, 4.5))
+    crams = accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=1)
+    other = [("winner", small_arch(64), {}, 1, seed) for seed in (0, 1)]
+    with pytest.raises(UsageError, match=r"keeps winner\|1x\|0 of another architecture than this call's winner; "
+                                         r"pass another --out"):
+        crams.run(other)
+    assert crammed == []
+    crams.run([("winner", small_arch(32), {}, 1, seed) for seed in (0, 1)])  # the same architecture: reused
+    assert crammed == ["winner|1x|1"] and crams.losses("winner", 1) == [4.4, 4.5]
+
+
+def test_a_dead_worker_ends_the_run_in_one_line_and_keeps_what_finished(tmp_path, monkeypatch):
+    def cram_job(job: dict) -> dict:
+        if job["key"].endswith("|1"):  # the pool raises this for every cram once a worker is killed
+            raise concurrent.futures.process.BrokenProcessPool("a process in the pool was terminated abruptly")
+        return cram_row("winner", 1, 0, 4.4)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", InlinePool)
+    monkeypatch.setattr(accounting, "cram_job", cram_job)
+    crams = accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=2)
+    with pytest.raises(SystemExit, match="worker process died; 1 of 2 crams finished and are kept in .*crams.jsonl; "
+                                         "run the same command again to go on"):
+        crams.run([("winner", small_arch(32), {}, 1, seed) for seed in (0, 1)])
+    again = accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=2)
+    assert list(again.done) == ["winner|1x|0"]
 
 
 def test_the_accounted_trial_is_the_studys_best_or_the_one_asked_for():

@@ -300,7 +300,7 @@ def test_run_configs_are_candidates_named_by_their_files_with_their_own_training
     write_config(tmp_path / "winner-a.yaml", 128, 1e-3)  # the name now means another architecture
     capsys.readouterr()
     assert transfer.main(flags + ["--report-only"]) == 2
-    assert "keeps winner-a|1x|0 of another architecture than winner-a's; pass another --out" in capsys.readouterr().err
+    assert "keeps winner-a|1x|0 of another architecture than this call's winner-a; pass another --out" in capsys.readouterr().err
 
 
 def test_configs_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
