@@ -612,8 +612,8 @@ def fit_lines(fit: SizeFit) -> list[str]:
                      f"each budget held out: {fit.held_out_error:.3f} RMS in ln N (x{math.exp(fit.held_out_error):.2f})")
         lines += [f"  held out {_flops(h.budget_flops)}: predicted {short_count(h.predicted)}, "
                   f"measured {short_count(h.measured)} ({h.error:+.3f})" for h in fit.held_out]
-    lines += [f"note: at {_flops(b.budget_flops)} the best is the grid's {b.edge} size {b.size}: the optimum may lie "
-              f"beyond it" for b in fit.best if b.edge]
+    lines += [f"note: at {_flops(b.budget_flops)} the best is the {b.edge} size crammed there, {b.size}: the optimum "
+              f"may lie beyond it" for b in fit.best if b.edge]
     if all(b.edge for b in fit.best):
         lines.append("warning: every budget's best size is an end of the grid, so the fit measures the grid, not the "
                      "optimum; add sizes beyond that end (--sizes)")

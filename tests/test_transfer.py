@@ -392,6 +392,7 @@ def test_one_design_at_three_sizes_gets_a_size_fit_with_each_budget_held_out(tmp
     assert table_row(section, "2x128").split(" | ")[6] == "**3.100** |"
     best_n = [cell.strip(" |") for cell in table_row(section, "best N").split(" | ")[2:]]  # 1x, 3x, 10x, 30x
     assert "smallest size: a bound" in best_n[0] and "parabola" in best_n[1] and "largest size: a bound" in best_n[3]
+    assert "note: at 6e13flops the best is the largest size crammed there, 2x128: the optimum may lie beyond it" in section
     fit_exponent = re.search(r"fit: N_opt = \S+ x C\^(\S+) \(exponent ± \S+; 4 budgets, 4 sizes\)", section)
     assert fit_exponent and float(fit_exponent.group(1)) > 0  # the best size grows with compute
     assert section.count("  held out ") == 4 and "RMS in ln N" in section
