@@ -307,7 +307,7 @@ def ask(study: optuna.Study, space: SearchSpace) -> Proposal:
     if rerun_of is not None:
         # The sampler's before_trial ran for it too (evolution bred a child it never hands out,
         # since the parameters are fixed): the architecture is the original's, so is its lineage.
-        cut, drawn = _trial(study, rerun_of).user_attrs, trial.user_attrs
+        cut, drawn = _drawn_original(study.get_trials(deepcopy=False), rerun_of).user_attrs, trial.user_attrs
         for key in attrs.LINEAGE:
             if key in cut or key in drawn:
                 trial.set_user_attr(key, cut.get(key))
@@ -397,13 +397,25 @@ def rerun_cut_short(study: optuna.Study, limit: int) -> list[int]:
     Each is re-run once, whatever the number of resumes: a queued re-run is a trial already, and
     one cut short in its turn is re-run as itself. A trial whose architecture was never drawn (the
     driver died inside `ask`) had nothing in flight and is not re-run; nor is one that failed by
-    its own fault (its reason is not `DRIVER_DIED`)."""
+    its own fault (its reason is not `DRIVER_DIED`). A queued re-run cut short inside `ask` is
+    re-run although it drew nothing: its architecture was fixed when it was queued."""
     trials = study.get_trials(deepcopy=False)
     rerun = {t.user_attrs[attrs.RERUN_OF] for t in trials if t.user_attrs.get(attrs.RERUN_OF) is not None}
-    owed = [t for t in trials if is_cut_short(t) and attrs.ARCH in t.user_attrs and t.number not in rerun]
+    owed = [t for t in trials if is_cut_short(t) and t.number not in rerun
+            and (attrs.ARCH in t.user_attrs or t.user_attrs.get(attrs.RERUN_OF) is not None)]
     for trial in owed[:max(limit, 0)]:
-        study.enqueue_trial(dict(trial.params), user_attrs={attrs.RERUN_OF: trial.number})
+        params = _drawn_original(trials, trial.number).params  # all of them: a re-run cut in `ask` has only some
+        study.enqueue_trial(dict(params), user_attrs={attrs.RERUN_OF: trial.number})
     return [trial.number for trial in owed[:max(limit, 0)]]
+
+
+def _drawn_original(trials: list[FrozenTrial], number: int) -> FrozenTrial:
+    """Trial `number`, or where it is a re-run cut short before its draw was recorded, the trial of
+    its chain of re-runs that drew the architecture (its parameters and lineage are whole)."""
+    trial = trials[number]
+    while attrs.ARCH not in trial.user_attrs and trial.user_attrs.get(attrs.RERUN_OF) is not None:
+        trial = trials[trial.user_attrs[attrs.RERUN_OF]]
+    return trial
 
 
 def _trial(study: optuna.Study, number: int) -> FrozenTrial:

@@ -333,3 +333,29 @@ def test_trials_cut_short_are_re_run_once_with_their_architectures(controller, s
     assert rerun_cut_short(again, limit=5) == [in_flight[2].number]
     assert rerun_cut_short(again, limit=5) == []  # queued already: a trial of the study
     assert ask(again, space).config == in_flight[2].config
+
+
+def test_a_re_run_cut_short_inside_ask_is_re_run_with_its_originals_whole_architecture(space, tmp_path):
+    """The driver can die after a queued re-run is handed out and before its draw is recorded: the
+    re-run has no architecture and only some parameters, and its original counts as re-run already.
+    It is re-run itself, with the original's parameters, or the architecture would never be trained."""
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = open_study("s", url, "tpe", "mlm", space, seed=3)
+    run(study, space, 3)
+    in_flight = ask(study, space)
+    del study
+
+    resumed = open_study("s", url, "tpe", "mlm", space, seed=3, resume=True)
+    assert fail_stale_running(resumed) == [in_flight.number]
+    assert rerun_cut_short(resumed, limit=5) == [in_flight.number]
+    cut_in_ask = resumed.ask()  # the queued re-run, handed out; the driver dies before the draw
+    assert cut_in_ask.user_attrs["rerun_of"] == in_flight.number and cut_in_ask.params == {}
+    del resumed
+
+    again = open_study("s", url, "tpe", "mlm", space, seed=3, resume=True)
+    assert fail_stale_running(again) == [cut_in_ask.number]
+    assert rerun_cut_short(again, limit=5) == [cut_in_ask.number]
+    rerun = ask(again, space)
+    assert (rerun.rerun_of, rerun.config, rerun.fingerprint) == (cut_in_ask.number, in_flight.config, in_flight.fingerprint)
+    assert again.trials[rerun.number].params == again.trials[in_flight.number].params
+    assert rerun_cut_short(again, limit=5) == []  # each once
