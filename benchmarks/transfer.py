@@ -223,13 +223,17 @@ def family_fit(family: list[Configuration], table: dict[str, dict[float, Cell]],
         return family, None, str(error)
 
 
-def size_fit_lines(family: list[Configuration], table: dict[str, dict[float, Cell]], budget: Budget,
-                   multiples) -> list[str]:
+def size_fits(configs: list[Configuration], table: dict[str, dict[float, Cell]], budget: Budget, multiples) -> dict:
+    """Each size family's `family_fit` (family, fit or None, why not), by the family's name."""
+    return {name: family_fit(family, table, budget, multiples) for name, family in size_families(configs, multiples).items()}
+
+
+def size_fit_lines(family_fitted: tuple, table: dict[str, dict[float, Cell]], budget: Budget, multiples) -> list[str]:
     """The family's losses by size and multiple, each multiple's best size (IsoFLOP parabola), the
     fit N_opt = a C^b and each budget held out in turn."""
     from search.sizing import best_cell, fit_lines, non_embedding_params, short_count
 
-    family, fit, why = family_fit(family, table, budget, multiples)
+    family, fit, why = family_fitted
     lines = ["| size | configuration | N | " + " | ".join(f"{m:g}x" for m in multiples) + " |",
              "|---|---|---|" + "---|" * len(multiples)]
     best = {round(b.budget_flops / budget.amount, 6): b for b in fit.best} if fit else {}
@@ -245,13 +249,11 @@ def size_fit_lines(family: list[Configuration], table: dict[str, dict[float, Cel
     return lines + ["", "N: non-embedding parameters; the mean over each cell's seeds.", "", *fit_lines(fit), ""]
 
 
-def write_size_fits(out: Path, configs: list[Configuration], table: dict[str, dict[float, Cell]], budget: Budget,
-                    multiples) -> list[str]:
-    """Each family's fit as `<out>/size-fit-<name>.json`, in search.sizing's format (for
+def write_size_fits(out: Path, fits: dict, multiples) -> list[str]:
+    """Each family's fit (`size_fits`) as `<out>/size-fit-<name>.json`, in search.sizing's format (for
     `search.export --target-budget B --size-fit FILE` and this script's `--size-fit`); notes."""
     notes = []
-    for name, family in size_families(configs, multiples).items():
-        _, fit, _ = family_fit(family, table, budget, multiples)
+    for name, (family, fit, _) in fits.items():
         if fit is not None:
             path = out / f"size-fit-{name}.json"
             design = ArchConfig.from_dict(family[0].archs[multiples[0]]).describe()
@@ -272,14 +274,15 @@ def configuration_table(configs: list[Configuration], table: dict[str, dict[floa
              + " | first below the count model |", "|---|---|---|" + "---|" * (len(multiples) + 1)]
     for config in order:
         row = table[config.name]
-        design = ArchConfig.from_dict(config.archs[multiples[0]]).describe()
-        resized = config.kind == "resized"
+        resized = config.kind == "resized"  # its size moves with the multiple: the one at the largest shown
+        design = ArchConfig.from_dict(config.archs[top if resized else multiples[0]]).describe()
         below = next((f"{m:g}x" for m in multiples if m in row and row[m].below_count_model), "none")
         lines.append(f"| {config.name} | {config.kind} | {design}{' (resized)' if resized else ''} | "
                      + " | ".join(row[m].text(show_size=resized) if m in row else "-" for m in multiples)
                      + f" | {below} |")
     return lines + ["", f"{BELOW}: the mean is below the two-neighbour count model; [LxH]: the size crammed at "
-                    f"that multiple. Sorted by the mean at {top:g}x.", ""]
+                    f"that multiple (a resized design's architecture is its {top:g}x one). Sorted by the mean at {top:g}x.",
+                    ""]
 
 
 def correlation_table(table: dict[str, dict[float, Cell]], names: list[str], multiples,
@@ -348,14 +351,14 @@ def best_lines(table: dict[str, dict[float, Cell]], names: list[str], multiples)
 
 
 def ladder_pick_lines(table: dict[str, dict[float, Cell]], pick: str, candidates: list[str], hands: list[str],
-                      resized: list[str], multiples) -> list[str]:
+                      resized: list[str], multiples, what: str = "the ladder's pick") -> list[str]:
     """The ladder's pick at the largest multiple against the 1x winner and the best hand design, as
     designed and, where there are resized ones, resized: which hand design is best is read at the
     largest multiple itself, the hand designs' most favourable reading."""
     top = multiples[-1]
     if top not in table[pick]:
-        return [f"{pick} (the ladder's pick) has no {top:g}x cram yet", ""]
-    lines = [f"{pick} (the ladder's pick) at {top:g}x: {table[pick][top].text()}"]
+        return [f"{pick} ({what}) has no {top:g}x cram yet", ""]
+    lines = [f"{pick} ({what}) at {top:g}x: {table[pick][top].text()}"]
     others = [(f"the {multiples[0]:g}x winner", best(table, candidates, multiples[0])),
               (f"the best hand design at {top:g}x", best(table, hands, top))]
     if resized:
@@ -373,8 +376,24 @@ def ladder_pick_lines(table: dict[str, dict[float, Cell]], pick: str, candidates
     return lines + [""]
 
 
+def fitted_pick(fits: dict, pick: str, budget: Budget, multiples) -> str | None:
+    """The configuration of the pick's design at the size its family's fit chooses for the largest
+    multiple's budget (what `search.export --target-budget` writes of the pick), where one is given."""
+    first = lambda config: ArchConfig.from_dict(config.archs[multiples[0]])
+    for family, fit, _ in fits.values():
+        members = {config.name: config for config in family}
+        if pick in members and fit is not None:
+            choice = fit.choose(first(members[pick]), budget.amount * multiples[-1])
+            return next((c.name for c in family if (first(c).layers, first(c).hidden) == (choice.arch.layers,
+                                                                                            choice.arch.hidden)), None)
+    return None
+
+
 def report(configs: list[Configuration], table: dict[str, dict[float, Cell]], budget: Budget, multiples,
-           seeds_at: dict[float, int], pick: str | None = None, notes: list[str] = (), resamples: int = 5000) -> str:
+           seeds_at: dict[float, int], pick: str | None = None, notes: list[str] = (), resamples: int = 5000,
+           fits: dict | None = None) -> str:
+    """The whole report; `fits`: `size_fits` of these crams, when the caller has them already."""
+    fits = size_fits(configs, table, budget, multiples) if fits is None else fits
     fixed = [c.name for c in configs if c.kind != "resized"]
     candidates = [c.name for c in configs if c.kind == "candidate"]
     hands = [c.name for c in configs if c.kind == "hand design"]
@@ -389,9 +408,15 @@ def report(configs: list[Configuration], table: dict[str, dict[float, Cell]], bu
               *correlation_table(table, fixed, multiples, resamples), *best_lines(table, fixed, multiples)]
     if pick is not None:
         lines += ["## The ladder's pick", "", *ladder_pick_lines(table, pick, candidates, hands, resized, multiples)]
-    for name, family in size_families(configs, multiples).items():
-        lines += [f"## Size fit of {name}'s design ({ArchConfig.from_dict(family[0].archs[multiples[0]]).describe()})",
-                  "", *size_fit_lines(family, table, budget, multiples)]
+        sized = fitted_pick(fits, pick, budget, multiples)
+        if sized not in (None, pick):  # the whole path: study, ladder, size fit, export
+            lines += [f"Its design at the size the fit below chooses for {multiples[-1]:g}x:", "",
+                      *ladder_pick_lines(table, sized, candidates, hands, resized, multiples,
+                                         "the ladder's pick at the fitted size")]
+    for name, fitted in fits.items():
+        named = next(config for config in fitted[0] if config.name == name)
+        lines += [f"## Size fit of {name}'s design ({ArchConfig.from_dict(named.archs[multiples[0]]).describe()})",
+                  "", *size_fit_lines(fitted, table, budget, multiples)]
     return "\n".join(lines + [f"note: {note}" for note in notes]) + "\n"
 
 
@@ -546,8 +571,9 @@ def main(argv: list[str] | None = None) -> int:
         candidates = [c.name for c in configs if c.kind == "candidate"]
         pick = replayed_ladder(table, candidates, rungs, args.eta)
         notes = [*notes, f"the ladder's pick: replayed over rungs {', '.join(f'{m:g}x' for m in rungs)}, eta {args.eta}"]
-    notes = [*notes, *write_size_fits(out, configs, table, budget, multiples)]
-    text = report(configs, table, budget, multiples, seeds_at, pick, notes)
+    fits = size_fits(configs, table, budget, multiples)
+    notes = [*notes, *write_size_fits(out, fits, multiples)]
+    text = report(configs, table, budget, multiples, seeds_at, pick, notes, fits=fits)
     (out / "transfer.md").write_text(text)
     print("\n" + text)
     return 0

@@ -386,7 +386,14 @@ def test_one_design_at_three_sizes_gets_a_size_fit_with_each_budget_held_out(tmp
     crams = accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=1)
     seeds_at = dict.fromkeys(MULTIPLES, 1)
     table = transfer.cells(crams, configs, seeds_at)
-    text = transfer.report(configs, table, Budget.parse("2e12flops"), MULTIPLES, seeds_at, resamples=200)
+    text = transfer.report(configs, table, Budget.parse("2e12flops"), MULTIPLES, seeds_at, pick="d-1x32", resamples=200)
+    # the whole path: the ladder's pick, then its design at the size the fit chooses for 30x
+    picked = text[text.index("## The ladder's pick"):text.index("## Size fit")]
+    assert "d-1x32 (the ladder's pick) at 30x: 3.650 (n=1)" in picked
+    assert "Its design at the size the fit below chooses for 30x:" in picked
+    assert "d-2x128 (the ladder's pick at the fitted size) at 30x: 3.100 (n=1)" in picked
+    assert "- against the 1x winner, d-1x32 (3.650 at 30x): pick - d-1x32 -0.550 (one seed" in picked
+    assert transfer.fitted_pick({}, "d-1x32", Budget.parse("2e12flops"), MULTIPLES) is None  # no fit, no size
     section = text[text.index("## Size fit of d-1x32's design (1x32/1h geglu pre-norm rotary)"):]
     assert table_row(section, "1x32").split(" | ")[3] == "**4.000**"  # the lowest at 1x, in bold
     assert table_row(section, "2x128").split(" | ")[6] == "**3.100** |"
@@ -404,7 +411,8 @@ def test_one_design_at_three_sizes_gets_a_size_fit_with_each_budget_held_out(tmp
     # the fit as search.sizing writes it: search.export --target-budget reads it
     from search.sizing import load_size_fit
 
-    assert transfer.write_size_fits(tmp_path, configs, table, Budget.parse("2e12flops"), MULTIPLES) == [
+    fits = transfer.size_fits(configs, table, Budget.parse("2e12flops"), MULTIPLES)
+    assert transfer.write_size_fits(tmp_path, fits, MULTIPLES) == [
         f"d-1x32's size fit: {tmp_path / 'size-fit-d-1x32.json'}"]
     fit = load_size_fit(tmp_path / "size-fit-d-1x32.json")
     assert fit.exponent == pytest.approx(float(fit_exponent.group(1)), abs=1e-3) and len(fit.held_out) == 4
