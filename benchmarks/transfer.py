@@ -228,12 +228,12 @@ def size_fits(configs: list[Configuration], table: dict[str, dict[float, Cell]],
     return {name: family_fit(family, table, budget, multiples) for name, family in size_families(configs, multiples).items()}
 
 
-def size_fit_lines(family_fitted: tuple, table: dict[str, dict[float, Cell]], budget: Budget, multiples) -> list[str]:
+def size_fit_lines(family: list[Configuration], fit, why: str | None, table: dict[str, dict[float, Cell]],
+                   budget: Budget, multiples) -> list[str]:
     """The family's losses by size and multiple, each multiple's best size (IsoFLOP parabola), the
-    fit N_opt = a C^b and each budget held out in turn."""
+    fit N_opt = a C^b (None: `why` not) and each budget held out in turn."""
     from search.sizing import best_cell, fit_lines, non_embedding_params, short_count
 
-    family, fit, why = family_fitted
     lines = ["| size | configuration | N | " + " | ".join(f"{m:g}x" for m in multiples) + " |",
              "|---|---|---|" + "---|" * len(multiples)]
     best = {round(b.budget_flops / budget.amount, 6): b for b in fit.best} if fit else {}
@@ -390,10 +390,9 @@ def fitted_pick(fits: dict, pick: str, budget: Budget, multiples) -> str | None:
 
 
 def report(configs: list[Configuration], table: dict[str, dict[float, Cell]], budget: Budget, multiples,
-           seeds_at: dict[float, int], pick: str | None = None, notes: list[str] = (), resamples: int = 5000,
-           fits: dict | None = None) -> str:
-    """The whole report; `fits`: `size_fits` of these crams, when the caller has them already."""
-    fits = size_fits(configs, table, budget, multiples) if fits is None else fits
+           seeds_at: dict[float, int], fits: dict, pick: str | None = None, notes: list[str] = (),
+           resamples: int = 5000) -> str:
+    """The whole report; `fits`: `size_fits` of these crams (also written beside the report)."""
     fixed = [c.name for c in configs if c.kind != "resized"]
     candidates = [c.name for c in configs if c.kind == "candidate"]
     hands = [c.name for c in configs if c.kind == "hand design"]
@@ -416,7 +415,7 @@ def report(configs: list[Configuration], table: dict[str, dict[float, Cell]], bu
     for name, fitted in fits.items():
         named = next(config for config in fitted[0] if config.name == name)
         lines += [f"## Size fit of {name}'s design ({ArchConfig.from_dict(named.archs[multiples[0]]).describe()})",
-                  "", *size_fit_lines(fitted, table, budget, multiples)]
+                  "", *size_fit_lines(*fitted, table, budget, multiples)]
     return "\n".join(lines + [f"note: {note}" for note in notes]) + "\n"
 
 
@@ -559,13 +558,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     crams = Crams(out, args.data, args.cache_dir, budget, args.jobs)
-    try:
-        crams.check(wanted(configs, seeds_at))  # --report-only reads them as well
+    try:  # a kept cram of another architecture under one of these keys: refused before anything is crammed
+        crams.check(wanted(configs, seeds_at)) if args.report_only else crams.run(wanted(configs, seeds_at))
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if not args.report_only:
-        crams.run(wanted(configs, seeds_at))
     table = cells(crams, configs, seeds_at)
     if rungs:
         candidates = [c.name for c in configs if c.kind == "candidate"]
@@ -573,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         notes = [*notes, f"the ladder's pick: replayed over rungs {', '.join(f'{m:g}x' for m in rungs)}, eta {args.eta}"]
     fits = size_fits(configs, table, budget, multiples)
     notes = [*notes, *write_size_fits(out, fits, multiples)]
-    text = report(configs, table, budget, multiples, seeds_at, pick, notes, fits=fits)
+    text = report(configs, table, budget, multiples, seeds_at, fits, pick, notes)
     (out / "transfer.md").write_text(text)
     print("\n" + text)
     return 0

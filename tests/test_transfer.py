@@ -110,7 +110,9 @@ def test_the_ladder_pick_is_set_against_the_1x_winner_and_the_best_resized_hand_
     curves["sized-cpu@sized"][10.0] = [3.7, 4.2, 3.4]  # a noisy difference at 10x
     kinds = {"sized-cpu": "hand design", "sized-cpu@sized": "resized"}
     configs, table = made_up(tmp_path, curves, kinds)
-    text = transfer.report(configs, table, Budget.parse("2e12flops"), MULTIPLES, SEEDS_AT, pick="trial 7", resamples=50)
+    fits = transfer.size_fits(configs, table, Budget.parse("2e12flops"), MULTIPLES)
+    text = transfer.report(configs, table, Budget.parse("2e12flops"), MULTIPLES, SEEDS_AT, fits, pick="trial 7",
+                           resamples=50)
     section = text.split("## The ladder's pick")[1]
     against_winner = next(line for line in section.splitlines() if "1x winner" in line)
     against_hand = next(line for line in section.splitlines() if "best resized hand design" in line)
@@ -299,8 +301,10 @@ def test_run_configs_are_candidates_named_by_their_files_with_their_own_training
 
     write_config(tmp_path / "winner-a.yaml", 128, 1e-3)  # the name now means another architecture
     capsys.readouterr()
-    assert transfer.main(flags + ["--report-only"]) == 2
-    assert "keeps winner-a|1x|0 of another architecture than this call's winner-a; pass another --out" in capsys.readouterr().err
+    for report_only in (["--report-only"], []):  # refused before anything is crammed (cram_job fails the test)
+        assert transfer.main(flags + report_only) == 2
+        assert ("keeps winner-a|1x|0 of another architecture than this call's winner-a; pass another --out"
+                in capsys.readouterr().err)
 
 
 def test_configs_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
@@ -386,7 +390,9 @@ def test_one_design_at_three_sizes_gets_a_size_fit_with_each_budget_held_out(tmp
     crams = accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=1)
     seeds_at = dict.fromkeys(MULTIPLES, 1)
     table = transfer.cells(crams, configs, seeds_at)
-    text = transfer.report(configs, table, Budget.parse("2e12flops"), MULTIPLES, seeds_at, pick="d-1x32", resamples=200)
+    fits = transfer.size_fits(configs, table, Budget.parse("2e12flops"), MULTIPLES)
+    text = transfer.report(configs, table, Budget.parse("2e12flops"), MULTIPLES, seeds_at, fits, pick="d-1x32",
+                           resamples=200)
     # the whole path: the ladder's pick, then its design at the size the fit chooses for 30x
     picked = text[text.index("## The ladder's pick"):text.index("## Size fit")]
     assert "d-1x32 (the ladder's pick) at 30x: 3.650 (n=1)" in picked
@@ -411,7 +417,6 @@ def test_one_design_at_three_sizes_gets_a_size_fit_with_each_budget_held_out(tmp
     # the fit as search.sizing writes it: search.export --target-budget reads it
     from search.sizing import load_size_fit
 
-    fits = transfer.size_fits(configs, table, Budget.parse("2e12flops"), MULTIPLES)
     assert transfer.write_size_fits(tmp_path, fits, MULTIPLES) == [
         f"d-1x32's size fit: {tmp_path / 'size-fit-d-1x32.json'}"]
     fit = load_size_fit(tmp_path / "size-fit-d-1x32.json")
