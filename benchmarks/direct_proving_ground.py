@@ -123,7 +123,9 @@ def drive(job: dict) -> str:
               + (f" ({proposal.warm_start or proposal.first_draw})" if proposal.warm_start or proposal.first_draw else "")
               + f": {proposal.config.describe()} {result.validation_loss:.4f}", flush=True)
     counts = study_counts(study)
-    return f"{name}: {counts[COMPLETE]} complete, {counts[FAILED]} failed"
+    cut = (f"; the deadline (--deadline-s) came at {finished()} of {job['trials']} trials: the same command goes on"
+           if finished() < job["trials"] else "")
+    return f"{name}: {counts[COMPLETE]} complete, {counts[FAILED]} failed{cut}"
 
 
 def run_studies(args: argparse.Namespace) -> None:

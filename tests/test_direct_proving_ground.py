@@ -27,6 +27,9 @@ def job(out, data, cache, trials):
 
 @pytest.mark.slow
 def test_a_direct_study_starts_with_the_hand_designs_and_resumes_a_trial_cut_short(wiki_slice_dir, slice_cache, tmp_path):
+    late = {**job(tmp_path, wiki_slice_dir, slice_cache, 2), "deadline": time.time()}  # no trial starts after it
+    assert drive(late) == ("pg-tpe-s0: 0 complete, 0 failed; "
+                           "the deadline (--deadline-s) came at 0 of 2 trials: the same command goes on")
     assert drive(job(tmp_path, wiki_slice_dir, slice_cache, 2)) == "pg-tpe-s0: 2 complete, 0 failed"
     storage = storage_of(str(tmp_path), "pg-tpe-s0")
     study = optuna.load_study(study_name="pg-tpe-s0", storage=storage)
