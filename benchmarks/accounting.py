@@ -43,7 +43,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from fidelity import UNIT, correlation, cram_job
+from fidelity import UNIT, correlation, cram_job, worker_died
 
 from search.stats import mean_interval
 from space.arch import ArchConfig, ArchError
@@ -212,9 +212,8 @@ class Crams:
             for finished in concurrent.futures.as_completed([pool.submit(cram_job, job) for job in jobs]):
                 try:
                     row = finished.result()
-                except concurrent.futures.process.BrokenProcessPool:  # a worker killed: the pool ends them all
-                    raise SystemExit(f"error: a cram's worker process died; {kept} of {len(jobs)} crams finished and "
-                                     f"are kept in {self.path}; run the same command again to go on") from None
+                except concurrent.futures.process.BrokenProcessPool:
+                    raise worker_died(kept, len(jobs), self.path) from None
                 kept += 1
                 self.done[row["key"]] = row
                 with self.path.open("a") as file:

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fidelity import cram_job, profile_setup  # noqa: E402
+from fidelity import cram_job, profile_setup, worker_died  # noqa: E402
 
 from search.run import SPACES  # noqa: E402
 from search.warm_start import hand_designs  # noqa: E402
@@ -143,6 +143,8 @@ def main() -> None:
             try:
                 result = finished.result()
                 line.update({column: result.get(column) for column in RESULT_COLUMNS})
+            except concurrent.futures.process.BrokenProcessPool:  # not the cram's failure: no row, crammed again
+                raise worker_died(count - 1, len(todo), args.out) from None
             except Exception as error:  # a failed cram is a row with its reason; the table goes on
                 line["error"] = " ".join(f"{type(error).__name__}: {error}".split())
             writer.writerow(line)

@@ -76,6 +76,14 @@ def cram_job(job: dict) -> dict:
     return {**kept, **{key: job[key] for key in ("key", "name", "budget")}, "reports": reports}
 
 
+def worker_died(kept: int, total: int, path) -> SystemExit:
+    """What a pool of `cram_job`s ends with when a worker is killed (out of memory, a signal): the
+    pool then fails every cram left with BrokenProcessPool, which is no fault of theirs, so they
+    are neither kept nor recorded as failed; the same command crams them."""
+    return SystemExit(f"error: a cram's worker process died; {kept} of {total} crams finished and are kept in {path}; "
+                      "run the same command again to go on")
+
+
 def correlation(x: list[float], y: list[float], kind: str, resamples: int = 5000) -> tuple[float, float, float]:
     """Rank correlation of paired values and its bootstrap 95% interval (architectures resampled)."""
     statistic = {"spearman": lambda a, b: stats.spearmanr(a, b)[0], "kendall": lambda a, b: stats.kendalltau(a, b)[0]}[kind]
@@ -115,8 +123,11 @@ def main() -> None:
           f"({len(jobs) - len(todo)} in {out}), {args.jobs} at once on {threads} thread(s) each")
     started = time.perf_counter()
     with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for finished in concurrent.futures.as_completed([pool.submit(cram_job, job) for job in todo]):
-            result = finished.result()
+        for count, finished in enumerate(concurrent.futures.as_completed([pool.submit(cram_job, job) for job in todo])):
+            try:
+                result = finished.result()
+            except concurrent.futures.process.BrokenProcessPool:
+                raise worker_died(count, len(todo), out) from None
             done[result["key"]] = result
             with out.open("a") as file:
                 file.write(json.dumps(result) + "\n")

@@ -126,6 +126,26 @@ def test_a_dead_worker_ends_the_run_in_one_line_and_keeps_what_finished(tmp_path
     assert list(again.done) == ["winner|1x|0"]
 
 
+def test_a_dead_worker_leaves_no_failed_rows_in_the_cram_table(tmp_path, monkeypatch):
+    # The pool fails every cram left with BrokenProcessPool once a worker is killed: recorded as
+    # failures, they would be counted done and never crammed.
+    cram_table = importlib.import_module("cram_table")
+    crammed = []
+
+    def cram_job(job: dict) -> dict:
+        if crammed:
+            raise concurrent.futures.process.BrokenProcessPool("a process in the pool was terminated abruptly")
+        crammed.append(job["key"])
+        return {"validation_loss": 4.4, "regime": "neighbours", "tokens": 1000}
+
+    out = tmp_path / "table.csv"
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", InlinePool)
+    monkeypatch.setattr(cram_table, "cram_job", cram_job)
+    monkeypatch.setattr(sys, "argv", ["cram_table.py", "--data", "d", "--rows", "2", "--repeats", "0", "--out", str(out)])
+    with pytest.raises(SystemExit, match=r"worker process died; 1 of \d+ crams finished and are kept in .*table.csv"):
+        cram_table.main()
+    assert list(cram_table.read_table(out)) == crammed  # one row, with its loss; none failed
+
 def test_the_accounted_trial_is_the_studys_best_or_the_one_asked_for():
     storage = optuna.storages.InMemoryStorage()
     study = optuna.create_study(study_name="s", storage=storage)
