@@ -37,7 +37,8 @@ the 1x winner (the best candidate at 1x: what a search confirmed only at its tri
 export) and against the best hand design there (resized with `--size-fit`), paired by seed. Where
 one design is crammed at three sizes or more, `search.sizing`'s fit of its best size against compute
 over the mean losses: each multiple's best size, N_opt = a C^b and each budget held out in turn,
-also written as `<out>/size-fit-<name>.json` for `search.export --target-budget B --size-fit FILE`.
+also written as `<out>/size-fit-<name>.json` for `search.export --target-budget B --size-fit FILE`
+(a note says where it would size a hand design otherwise than the `--size-fit` its crams had).
 
 Cost: 72 trial budgets of crams per configuration at the defaults (3 x 1 + 3 x 3 + 3 x 10 + 1 x 30).
 Measured on the 2-core AMD EPYC at 2e12 FLOPs per trial budget (benchmarks/RESULTS.md, "Transfer
@@ -259,6 +260,29 @@ def write_size_fits(out: Path, fits: dict, multiples) -> list[str]:
             design = ArchConfig.from_dict(family[0].archs[multiples[0]]).describe()
             path.write_text(json.dumps({"config": name, "design": design, **fit.to_dict()}, indent=2) + "\n")
             notes.append(f"{name}'s size fit: {path}")
+    return notes
+
+
+def resized_otherwise(configs: list[Configuration], fits: dict, budget: Budget, multiples) -> list[str]:
+    """Where a fit this call writes would size a resized hand design otherwise than the `--size-fit`
+    its crams were sized by: a later call given the new file and this --out would be refused (the
+    same key, another architecture), so the notes say so and what to do."""
+    hands = {c.name: c for c in configs if c.kind == "hand design"}
+    notes = []
+    for name, (_, fit, _) in fits.items():
+        for c in configs:
+            if c.kind != "resized" or fit is None:
+                continue
+            base, moved = hands[c.name.removesuffix(SIZED)], []
+            for m in multiples:
+                had = ArchConfig.from_dict(c.archs[m])
+                now = fit.choose(ArchConfig.from_dict(base.archs[m]), budget.amount * m).size
+                if now != f"{had.layers}x{had.hidden}":
+                    moved.append(f"{m:g}x {now}, not {had.layers}x{had.hidden}")
+            if moved:
+                notes.append(f"{name}'s size fit written here would size {base.name} otherwise than --size-fit did "
+                             f"({'; '.join(moved)}): keep --size-fit for these crams, or pass the new file with "
+                             "another --out")
     return notes
 
 
@@ -569,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         pick = replayed_ladder(table, candidates, rungs, args.eta)
         notes = [*notes, f"the ladder's pick: replayed over rungs {', '.join(f'{m:g}x' for m in rungs)}, eta {args.eta}"]
     fits = size_fits(configs, table, budget, multiples)
-    notes = [*notes, *write_size_fits(out, fits, multiples)]
+    notes = [*notes, *write_size_fits(out, fits, multiples), *resized_otherwise(configs, fits, budget, multiples)]
     text = report(configs, table, budget, multiples, seeds_at, fits, pick, notes)
     (out / "transfer.md").write_text(text)
     print("\n" + text)

@@ -14,6 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from space.arch import ArchConfig
 from trainer.budget import Budget
 from trainer.config import load_run_config
 
@@ -391,6 +392,15 @@ def test_one_design_at_three_sizes_gets_a_size_fit_with_each_budget_held_out(tmp
     seeds_at = dict.fromkeys(MULTIPLES, 1)
     table = transfer.cells(crams, configs, seeds_at)
     fits = transfer.size_fits(configs, table, Budget.parse("2e12flops"), MULTIPLES)
+    # a hand design resized by an earlier fit: where this fit sizes it otherwise, a note says so
+    fit = fits["d-1x32"][1]
+    as_fitted = {m: fit.choose(ArchConfig.from_dict(configs[-1].archs[m]), 2e12 * m).arch.to_dict() for m in MULTIPLES}
+    earlier = {**as_fitted, 30.0: configs[-1].archs[30.0]}  # 30x at its own 1x64
+    for archs, said in ((as_fitted, []), (earlier, ["30x 2x128, not 1x64"])):
+        resized = transfer.Configuration("other@sized", "resized", {}, archs, dict.fromkeys(MULTIPLES, "other@sized"))
+        notes = transfer.resized_otherwise([*configs, resized], fits, Budget.parse("2e12flops"), MULTIPLES)
+        assert [note.split("(")[1].split(")")[0] for note in notes] == said
+    assert notes[0].startswith("d-1x32's size fit written here would size other otherwise than --size-fit did")
     text = transfer.report(configs, table, Budget.parse("2e12flops"), MULTIPLES, seeds_at, fits, pick="d-1x32",
                            resamples=200)
     # the whole path: the ladder's pick, then its design at the size the fit chooses for 30x
