@@ -4,7 +4,7 @@
         (--study NAME --storage sqlite:///proving-ground/optuna.db | --table benchmarks/cram_table.csv
          | --configs a.yaml,b.yaml,...) [--top 6] \\
         [--baselines crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu] [--budget 2e12flops] \\
-        [--multiples 1,3,10,30] [--seeds-at 30x=1] [--size-fit sizing-sized-cpu/size-fit.json] \\
+        [--multiples 1,3,10,30] [--seeds-at 30x=1[,NAME:30x=2]] [--size-fit sizing-sized-cpu/size-fit.json] \\
         [--ladder-pick TRIAL | --ladder 3,10,30 [--eta 3]] [--out transfer] [--report-only]
 
 The configurations are the study's `--top` complete trials by validation loss ("trial N": their
@@ -18,7 +18,8 @@ an earlier one has, at another size, e.g. `search.sizing.size_family`'s copy, is
 and crammed like the rest, but no candidate of the ladder or the 1x winner), and the hand
 designs of `--baselines`
 (trainer/configs/<name>.yaml). Each is crammed at every multiple of the 1x budget (default: the
-study's trial budget), with seeds 0..k-1: k is 3, or what `--seeds-at` says (default 30x=1). With
+study's trial budget), with seeds 0..k-1: k is 3, or what `--seeds-at` says (default 30x=1; `NAME:30x=2`
+for configuration NAME alone, e.g. more seeds where two are close). With
 `--size-fit` each hand design is also crammed at the size the fit picks for each multiple's budget
 (`search.sizing.resized`), as `<name>@sized`; where that is the hand design's own size, its crams
 are the hand design's. The crams are benchmarks/accounting.py's `Crams`: kept in `<out>/crams.jsonl`,
@@ -56,7 +57,7 @@ import math
 import statistics
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from accounting import CONFIGS, Crams
@@ -87,6 +88,10 @@ class Configuration:
     train: dict
     archs: dict[float, dict]  # the architecture crammed at each multiple
     crammed_as: dict[float, str]  # the name its crams are kept under at each multiple
+    seeds: dict[float, int] = field(default_factory=dict)  # where `--seeds-at NAME:Mx=K` names it
+
+    def seeds_at(self, seeds_at: dict[float, int], m: float) -> int:
+        return self.seeds.get(m, seeds_at[m])
 
     @classmethod
     def fixed(cls, name: str, kind: str, arch: dict, train: dict, multiples):
@@ -115,7 +120,7 @@ def resized_designs(baselines: list[Configuration], runs: dict, fit, budget: Bud
 def wanted(configs: list[Configuration], seeds_at: dict[float, int]) -> list[tuple[str, dict, dict, float, int]]:
     """(name, arch, train, multiple, seed) of every cram, in `Crams.run`'s terms."""
     return [(c.crammed_as[m], c.archs[m], c.train, m, seed)
-            for c in configs for m, seeds in seeds_at.items() for seed in range(seeds)]
+            for c in configs for m in seeds_at for seed in range(c.seeds_at(seeds_at, m))]
 
 
 # ---- what came of it -----------------------------------------------------------------------------
@@ -149,8 +154,9 @@ def cells(crams: Crams, configs: list[Configuration], seeds_at: dict[float, int]
     table = {}
     for config in configs:
         table[config.name] = {}
-        for m, seeds in seeds_at.items():
-            rows = {s: crams.done[k] for s in range(seeds) if (k := crams.key(config.crammed_as[m], m, s)) in crams.done}
+        for m in seeds_at:
+            keys = {s: crams.key(config.crammed_as[m], m, s) for s in range(config.seeds_at(seeds_at, m))}
+            rows = {s: crams.done[key] for s, key in keys.items() if key in crams.done}
             if rows:
                 any_row = next(iter(rows.values()))
                 arch = config.archs[m]
@@ -422,7 +428,9 @@ def report(configs: list[Configuration], table: dict[str, dict[float, Cell]], bu
     hands = [c.name for c in configs if c.kind == "hand design"]
     resized = [c.name for c in configs if c.kind == "resized"]
     reference = next((cell for row in table.values() for cell in row.values()), None)
-    lines = [f"# Transfer: 1x = {budget.text}; seeds at " + ", ".join(f"{m:g}x: {seeds_at[m]}" for m in multiples), ""]
+    named = [f"{c.name} at {m:g}x: {n}" for c in configs for m, n in c.seeds.items()]
+    lines = [f"# Transfer: 1x = {budget.text}; seeds at " + ", ".join(f"{m:g}x: {seeds_at[m]}" for m in multiples)
+             + "".join(f"; {text}" for text in named), ""]
     if reference is not None:
         lines += [f"corruption floor {reference.corruption_floor:.3f}, two-neighbour count model "
                   f"{reference.context_reference:.3f}", ""]
@@ -456,19 +464,22 @@ def parse_multiples(text: str, flag: str = "--multiples", example: str = MULTIPL
     return multiples
 
 
-def parse_seeds_at(text: str | None, multiples: tuple[float, ...]) -> dict[float, int]:
-    """`30x=1,10x=2` -> seeds per multiple, SEEDS where not named (without it: SEEDS_AT)."""
-    seeds = {m: SEEDS_AT.get(m, SEEDS) if text is None else SEEDS for m in multiples}
+def parse_seeds_at(text: str | None, multiples: tuple[float, ...]) -> tuple[dict[float, int], dict[str, dict[float, int]]]:
+    """`30x=1,10x=2,sized-cpu@sized:30x=2` -> seeds per multiple, SEEDS where not named (without it:
+    SEEDS_AT), and the seeds of the configurations named before a colon, where they differ."""
+    seeds, named = {m: SEEDS_AT.get(m, SEEDS) if text is None else SEEDS for m in multiples}, {}
     for part in filter(None, (p.strip() for p in (text or "").split(","))):
-        multiple, _, count = part.partition("=")
+        name, _, spec = part.rpartition(":")
+        multiple, _, count = spec.partition("=")
         try:
             m, n = float(multiple.strip().removesuffix("x")), int(count)
         except ValueError:
-            raise UsageError(f"--seeds-at: cannot read {part!r}; write e.g. 30x=1") from None
+            raise UsageError(f"--seeds-at: cannot read {part!r}; write e.g. 30x=1, or NAME:30x=2 for one "
+                             "configuration") from None
         if m not in seeds or n < 1:
             raise UsageError(f"--seeds-at: {part!r}: a multiple of --multiples and one seed or more")
-        seeds[m] = n
-    return seeds
+        (named.setdefault(name.strip(), {}) if name else seeds)[m] = n
+    return seeds, named
 
 
 def study_candidates(storage, study_name: str, top: int, pick: int | None) -> tuple[list[tuple[int, dict]], dict, str]:
@@ -548,7 +559,8 @@ def parse_arguments(argv: list[str] | None) -> object:
     parser.add_argument("--baselines", default="crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu")
     parser.add_argument("--budget", help="the 1x budget (default: the study's trial budget)")
     parser.add_argument("--multiples", default=MULTIPLES)
-    parser.add_argument("--seeds-at", help=f"seeds per multiple where not {SEEDS}, e.g. 30x=1 (the default)")
+    parser.add_argument("--seeds-at", help=f"seeds per multiple where not {SEEDS}, e.g. 30x=1 (the default); "
+                        "NAME:30x=2 for configuration NAME alone")
     parser.add_argument("--size-fit", help="a search.sizing size-fit.json: the hand designs also resized")
     ladder = parser.add_mutually_exclusive_group()
     ladder.add_argument("--ladder-pick", type=int, help="the trial search.confirm --ladder picked")
@@ -607,7 +619,7 @@ def settle(args) -> tuple:
     if not Path(args.data).is_dir():
         raise UsageError(f"--data: {args.data} is not a directory")
     multiples = parse_multiples(args.multiples)
-    seeds_at = parse_seeds_at(args.seeds_at, multiples)
+    seeds_at, named_seeds = parse_seeds_at(args.seeds_at, multiples)
     study_budget = None
     if args.configs:
         chosen = config_candidates(args.configs)
@@ -638,6 +650,11 @@ def settle(args) -> tuple:
             raise UsageError(f"--size-fit: a size fit is in FLOPs; the 1x budget {budget.text} is not")
         sized, notes = resized_designs(hands, runs, load_size_fit(args.size_fit), budget, multiples)
         hands += sized
+    by_name = {c.name: c for c in configs + hands}
+    for name, seeds in named_seeds.items():
+        if name not in by_name:
+            raise UsageError(f"--seeds-at: {name}: no such configuration; one of {', '.join(by_name)}")
+        by_name[name].seeds = seeds
     pick = None if args.ladder_pick is None else f"trial {args.ladder_pick}"
     rungs = ()
     if args.ladder:

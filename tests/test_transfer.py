@@ -188,6 +188,13 @@ def test_a_second_call_crams_nothing_that_is_done(tmp_path, monkeypatch):
     more = transfer.wanted(configs, {**SEEDS_AT, 30.0: 2})  # a second seed at 30x is new
     with pytest.raises(AssertionError, match=r"crammed trial \d\|30x\|1 again"):
         crams.run(more)
+    configs[0].seeds = {30.0: 2}  # --seeds-at "trial 1:30x=2": a second seed there alone
+    monkeypatch.setattr(accounting, "cram_job", fake_cram)
+    called.clear()
+    crams.run(transfer.wanted(configs, SEEDS_AT))
+    assert called == ["trial 1|30x|1"]
+    table = transfer.cells(crams, configs, SEEDS_AT)
+    assert (len(table["trial 1"][30.0].by_seed), len(table["trial 2"][30.0].by_seed)) == (2, 1)
 
 
 def study_storage(tmp_path: Path, losses: list[float]) -> str:
@@ -201,9 +208,11 @@ def study_storage(tmp_path: Path, losses: list[float]) -> str:
 
 
 def test_seeds_are_3_at_each_multiple_and_1_at_30x_unless_told():
-    assert transfer.parse_seeds_at(None, MULTIPLES) == SEEDS_AT
-    assert transfer.parse_seeds_at(None, (1.0, 3.0)) == {1.0: 3, 3.0: 3}
-    assert transfer.parse_seeds_at("30x=2,1=4", MULTIPLES) == {1.0: 4, 3.0: 3, 10.0: 3, 30.0: 2}
+    assert transfer.parse_seeds_at(None, MULTIPLES) == (SEEDS_AT, {})
+    assert transfer.parse_seeds_at(None, (1.0, 3.0)) == ({1.0: 3, 3.0: 3}, {})
+    assert transfer.parse_seeds_at("30x=2,1=4", MULTIPLES) == ({1.0: 4, 3.0: 3, 10.0: 3, 30.0: 2}, {})
+    assert transfer.parse_seeds_at("30x=1, sized-cpu@sized:30x=2,a:b:10x=1", MULTIPLES) == (
+        {1.0: 3, 3.0: 3, 10.0: 3, 30.0: 1}, {"sized-cpu@sized": {30.0: 2}, "a:b": {10.0: 1}})
     assert transfer.parse_multiples("1, 3x,10,30") == MULTIPLES
 
 
@@ -212,6 +221,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     flags = ["--data", str(tmp_path), "--study", "s", "--storage", storage, "--out", str(tmp_path / "out")]
     for extra, message in ((["--top", "6"], "--study s: 3 complete trials with a validation loss, fewer than --top 6"),
                            (["--top", "3", "--seeds-at", "5x=1"], "--seeds-at: '5x=1'"),
+                           (["--top", "3", "--seeds-at", "nope:30x=2"], "--seeds-at: nope: no such configuration"),
                            (["--top", "3", "--multiples", "1,30,10"], "--multiples:"),
                            (["--top", "3", "--baselines", "nope-cpu"], "--baselines: nope-cpu"),
                            (["--top", "3", "--ladder-pick", "9"], "--ladder-pick 9: not a complete trial"),
