@@ -428,9 +428,9 @@ def report(configs: list[Configuration], table: dict[str, dict[float, Cell]], bu
     hands = [c.name for c in configs if c.kind == "hand design"]
     resized = [c.name for c in configs if c.kind == "resized"]
     reference = next((cell for row in table.values() for cell in row.values()), None)
-    named = [f"{c.name} at {m:g}x: {n}" for c in configs for m, n in c.seeds.items()]
+    own_seeds = [f"; {c.name} at {m:g}x: {n}" for c in configs for m, n in c.seeds.items()]
     lines = [f"# Transfer: 1x = {budget.text}; seeds at " + ", ".join(f"{m:g}x: {seeds_at[m]}" for m in multiples)
-             + "".join(f"; {text}" for text in named), ""]
+             + "".join(own_seeds), ""]
     if reference is not None:
         lines += [f"corruption floor {reference.corruption_floor:.3f}, two-neighbour count model "
                   f"{reference.context_reference:.3f}", ""]

@@ -146,6 +146,7 @@ def test_a_dead_worker_leaves_no_failed_rows_in_the_cram_table(tmp_path, monkeyp
         cram_table.main()
     assert list(cram_table.read_table(out)) == crammed  # one row, with its loss; none failed
 
+
 def test_the_accounted_trial_is_the_studys_best_or_the_one_asked_for():
     storage = optuna.storages.InMemoryStorage()
     study = optuna.create_study(study_name="s", storage=storage)

@@ -195,6 +195,8 @@ def test_a_second_call_crams_nothing_that_is_done(tmp_path, monkeypatch):
     assert called == ["trial 1|30x|1"]
     table = transfer.cells(crams, configs, SEEDS_AT)
     assert (len(table["trial 1"][30.0].by_seed), len(table["trial 2"][30.0].by_seed)) == (2, 1)
+    text = transfer.report(configs, table, Budget.parse("2e12flops"), MULTIPLES, SEEDS_AT, {}, resamples=20)
+    assert text.startswith("# Transfer: 1x = 2e12flops; seeds at 1x: 3, 3x: 3, 10x: 3, 30x: 1; trial 1 at 30x: 2\n")
 
 
 def study_storage(tmp_path: Path, losses: list[float]) -> str:
