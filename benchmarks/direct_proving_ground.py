@@ -123,8 +123,9 @@ def drive(job: dict) -> str:
               + (f" ({proposal.warm_start or proposal.first_draw})" if proposal.warm_start or proposal.first_draw else "")
               + f": {proposal.config.describe()} {result.validation_loss:.4f}", flush=True)
     counts = study_counts(study)
-    cut = (f"; the deadline (--deadline-s) came at {finished()} of {job['trials']} trials: the same command goes on"
-           if finished() < job["trials"] else "")
+    done = finished()
+    cut = (f"; the deadline (--deadline-s) came at {done} of {job['trials']} trials: the same command goes on"
+           if done < job["trials"] else "")
     return f"{name}: {counts[COMPLETE]} complete, {counts[FAILED]} failed{cut}"
 
 

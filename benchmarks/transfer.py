@@ -90,7 +90,7 @@ class Configuration:
     crammed_as: dict[float, str]  # the name its crams are kept under at each multiple
     seeds: dict[float, int] = field(default_factory=dict)  # where `--seeds-at NAME:Mx=K` names it
 
-    def seeds_at(self, seeds_at: dict[float, int], m: float) -> int:
+    def seed_count(self, seeds_at: dict[float, int], m: float) -> int:
         return self.seeds.get(m, seeds_at[m])
 
     @classmethod
@@ -120,7 +120,7 @@ def resized_designs(baselines: list[Configuration], runs: dict, fit, budget: Bud
 def wanted(configs: list[Configuration], seeds_at: dict[float, int]) -> list[tuple[str, dict, dict, float, int]]:
     """(name, arch, train, multiple, seed) of every cram, in `Crams.run`'s terms."""
     return [(c.crammed_as[m], c.archs[m], c.train, m, seed)
-            for c in configs for m in seeds_at for seed in range(c.seeds_at(seeds_at, m))]
+            for c in configs for m in seeds_at for seed in range(c.seed_count(seeds_at, m))]
 
 
 # ---- what came of it -----------------------------------------------------------------------------
@@ -155,7 +155,7 @@ def cells(crams: Crams, configs: list[Configuration], seeds_at: dict[float, int]
     for config in configs:
         table[config.name] = {}
         for m in seeds_at:
-            keys = {s: crams.key(config.crammed_as[m], m, s) for s in range(config.seeds_at(seeds_at, m))}
+            keys = {s: crams.key(config.crammed_as[m], m, s) for s in range(config.seed_count(seeds_at, m))}
             rows = {s: crams.done[key] for s, key in keys.items() if key in crams.done}
             if rows:
                 any_row = next(iter(rows.values()))
@@ -275,10 +275,9 @@ def resized_otherwise(configs: list[Configuration], fits: dict, budget: Budget, 
     same key, another architecture), so the notes say so and what to do."""
     hands = {c.name: c for c in configs if c.kind == "hand design"}
     notes = []
-    for name, (_, fit, _) in fits.items():
-        for c in configs:
-            if c.kind != "resized" or fit is None:
-                continue
+    resized = [c for c in configs if c.kind == "resized"]
+    for name, fit in ((name, fit) for name, (_, fit, _) in fits.items() if fit is not None):
+        for c in resized:
             base, moved = hands[c.name.removesuffix(SIZED)], []
             for m in multiples:
                 had = ArchConfig.from_dict(c.archs[m])
@@ -595,7 +594,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     crams = Crams(out, args.data, args.cache_dir, budget, args.jobs)
     try:  # a kept cram of another architecture under one of these keys: refused before anything is crammed
-        crams.check(wanted(configs, seeds_at)) if args.report_only else crams.run(wanted(configs, seeds_at))
+        if args.report_only:
+            crams.check(wanted(configs, seeds_at))
+        else:
+            crams.run(wanted(configs, seeds_at))
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
