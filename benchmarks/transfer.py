@@ -362,9 +362,10 @@ def paired(table: dict[str, dict[float, Cell]], a: str, b: str, multiples) -> st
     return f"{mean:+.3f} ± {half:.3f}, {verdict} ({source})"
 
 
-def best_lines(table: dict[str, dict[float, Cell]], names: list[str], multiples) -> list[str]:
+def best_lines(table: dict[str, dict[float, Cell]], names: list[str], multiples, resized: list[str] = ()) -> list[str]:
     """Which fixed configuration is best at 1x and at the largest multiple, whether they are the
-    same, and where the 1x best ranks at the largest."""
+    same, and where the 1x best ranks at the largest; and a resized hand design that is better
+    there still (it has no 1x of its own size, so it is not ranked, but it is what the best is up against)."""
     low, top = multiples[0], multiples[-1]
     first, last = best(table, names, low), best(table, names, top)
     if first is None or last is None:
@@ -372,11 +373,17 @@ def best_lines(table: dict[str, dict[float, Cell]], names: list[str], multiples)
     line = (f"best at {low:g}x: {first} ({table[first][low].mean:.3f}); best at {top:g}x: {last} "
             f"({table[last][top].mean:.3f}): ")
     if first == last:
-        return [line + "the same configuration", ""]
-    ranked = sorted((n for n in names if top in table[n]), key=lambda n: table[n][top].mean)
-    rank = f"{ranked.index(first) + 1} of {len(ranked)}" if first in ranked else "not measured"
-    return [line + f"not the same; {first} is {rank} at {top:g}x, behind {last} by "
-            f"{paired(table, last, first, multiples)}", ""]
+        line += "the same configuration"
+    else:
+        ranked = sorted((n for n in names if top in table[n]), key=lambda n: table[n][top].mean)
+        rank = f"{ranked.index(first) + 1} of {len(ranked)}" if first in ranked else "not measured"
+        line += f"not the same; {first} is {rank} at {top:g}x, behind {last} by {paired(table, last, first, multiples)}"
+    lines = [line]
+    better = best(table, resized, top)
+    if better is not None and table[better][top].mean < table[last][top].mean:
+        lines.append(f"a resized hand design is lower at {top:g}x: {better} ({table[better][top].mean:.3f}); "
+                     f"{last} - {better} {paired(table, better, last, multiples)}")
+    return lines + [""]
 
 
 def ladder_pick_lines(table: dict[str, dict[float, Cell]], pick: str, candidates: list[str], hands: list[str],
@@ -435,7 +442,8 @@ def report(configs: list[Configuration], table: dict[str, dict[float, Cell]], bu
                   f"{reference.context_reference:.3f}", ""]
     lines += [*configuration_table(configs, table, multiples),
               f"## Ranks against {multiples[-1]:g}x over the {len(fixed)} fixed configurations", "",
-              *correlation_table(table, fixed, multiples, resamples), *best_lines(table, fixed, multiples)]
+              *correlation_table(table, fixed, multiples, resamples),
+              *best_lines(table, fixed, multiples, resized)]
     if pick is not None:
         lines += ["## The ladder's pick", "", *ladder_pick_lines(table, pick, candidates, hands, resized, multiples)]
         sized = fitted_pick(fits, pick, budget, multiples)

@@ -104,6 +104,18 @@ def test_the_best_at_1x_and_at_30x_are_named_and_compared(tmp_path):
     assert same.endswith("fast (4.300): the same configuration")
 
 
+def test_a_resized_hand_design_lower_than_the_best_at_30x_is_named_beside_it(tmp_path):
+    curves = {"fast": seeds(4.8, 4.3, 3.9, 3.70), "slow": seeds(5.2, 4.4, 3.6, 3.30),
+              "sized-cpu@sized": seeds(5.1, 4.4, 3.65, 3.20), "other@sized": seeds(5.1, 4.4, 3.7, 3.60)}
+    kinds = {"sized-cpu@sized": "resized", "other@sized": "resized"}
+    _, table = made_up(tmp_path, curves, kinds)
+    lines = transfer.best_lines(table, ["fast", "slow"], MULTIPLES, ["sized-cpu@sized", "other@sized"])
+    assert lines[0].startswith("best at 1x: fast (4.800); best at 30x: slow (3.300)")  # the ranked ones alone
+    assert lines[1].startswith("a resized hand design is lower at 30x: sized-cpu@sized (3.200); slow - sized-cpu@sized +0.100")
+    behind = transfer.best_lines(table, ["fast", "slow"], MULTIPLES, ["other@sized"])  # 3.60: not lower
+    assert behind == [behind[0], ""]
+
+
 def test_the_ladder_pick_is_set_against_the_1x_winner_and_the_best_resized_hand_design(tmp_path):
     curves = {"trial 3": seeds(4.8, 4.3, 3.9, 3.70),  # the 1x winner
               "trial 7": seeds(5.0, 4.2, 3.7, 3.50),  # the ladder's pick
