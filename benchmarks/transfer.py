@@ -133,6 +133,7 @@ class Cell:
     corruption_floor: float
     context_reference: float
     size: str
+    epochs: float | None = None  # passes over the training data, the mean over the seeds (a regime fact)
 
     @property
     def mean(self) -> float:
@@ -160,9 +161,11 @@ def cells(crams: Crams, configs: list[Configuration], seeds_at: dict[float, int]
             if rows:
                 any_row = next(iter(rows.values()))
                 arch = config.archs[m]
+                epochs = [row["epochs"] for row in rows.values() if row.get("epochs") is not None]
                 table[config.name][m] = Cell({s: row["validation_loss"] for s, row in rows.items()},
                                              any_row["corruption_floor"], any_row["context_reference"],
-                                             f"{arch['layers']}x{arch['hidden']}")
+                                             f"{arch['layers']}x{arch['hidden']}",
+                                             statistics.mean(epochs) if epochs else None)
     return table
 
 
@@ -300,17 +303,19 @@ def configuration_table(configs: list[Configuration], table: dict[str, dict[floa
     order = sorted(configs, key=lambda c: [table[c.name][m].mean if m in table[c.name] else math.inf
                                            for m in reversed(multiples)])
     lines = ["| configuration | kind | architecture | " + " | ".join(f"{m:g}x" for m in multiples)
-             + " | first below the count model |", "|---|---|---|" + "---|" * (len(multiples) + 1)]
+             + f" | first below the count model | epochs at {top:g}x |", "|---|---|---|" + "---|" * (len(multiples) + 2)]
     for config in order:
         row = table[config.name]
         resized = config.kind == "resized"  # its size moves with the multiple: the one at the largest shown
         design = ArchConfig.from_dict(config.archs[top if resized else multiples[0]]).describe()
         below = next((f"{m:g}x" for m in multiples if m in row and row[m].below_count_model), "none")
+        epochs = row[top].epochs if top in row else None
         lines.append(f"| {config.name} | {config.kind} | {design}{' (resized)' if resized else ''} | "
                      + " | ".join(row[m].text(show_size=resized) if m in row else "-" for m in multiples)
-                     + f" | {below} |")
+                     + f" | {below} | {'-' if epochs is None else f'{epochs:.1f}'} |")
     return lines + ["", f"{BELOW}: the mean is below the two-neighbour count model; [LxH]: the size crammed at "
-                    f"that multiple (a resized design's architecture is its {top:g}x one). Sorted by the mean at {top:g}x.",
+                    f"that multiple (a resized design's architecture is its {top:g}x one); epochs: passes over the "
+                    f"training data (a small model repeats it more often at the same budget). Sorted by the mean at {top:g}x.",
                     ""]
 
 

@@ -33,7 +33,7 @@ def cram_row(name: str, multiple: float, seed: int, loss: float) -> dict:
     """A line of crams.jsonl as fidelity.cram_job writes it, with what the transfer reads."""
     return {"key": f"{name}|{multiple:g}x|{seed}", "name": name, "validation_loss": loss, "seconds": 1.0,
             "tokens": 1000, "flops_per_token": 1e6, "corruption_floor": 5.8, "context_reference": CONTEXT,
-            "unigram_floor": 6.4, "regime": "neighbours"}
+            "unigram_floor": 6.4, "regime": "neighbours", "epochs": 0.3 * multiple * (1 + seed)}
 
 
 def made_up(tmp_path: Path, curves: dict[str, dict[float, list[float]]], kinds: dict[str, str] | None = None):
@@ -86,9 +86,11 @@ def test_a_mean_below_the_count_model_is_marked_where_it_first_is(tmp_path):
     configs, table = made_up(tmp_path, curves)
     text = "\n".join(transfer.configuration_table(configs, table, MULTIPLES))
     deep, shallow = table_row(text, "deep"), table_row(text, "shallow")
-    assert deep.count(transfer.BELOW) == 1 and deep.endswith("| 30x |")
+    assert deep.count(transfer.BELOW) == 1 and deep.endswith("| 30x | 9.0 |")  # 30x: one seed, 9 passes
     assert "2.900 (n=1) beyond-ngrams †" in deep and "3.100 ± " in deep and "neighbours |" in deep
-    assert transfer.BELOW not in shallow and shallow.endswith("| none |")
+    assert transfer.BELOW not in shallow and shallow.endswith("| none | 9.0 |")
+    three = "\n".join(transfer.configuration_table(configs, table, MULTIPLES[:3]))  # 10x: seeds 0-2, 3 to 9
+    assert table_row(three, "deep").endswith("| none | 6.0 |") and "| epochs at 10x |" in three
     assert text.index("| deep |") < text.index("| shallow |")  # the best at 30x first
     assert "5.000 ± 0.025 (n=3)" in deep  # seeds 4.99, 5.00, 5.01: the Student-t half-width
 
@@ -293,7 +295,7 @@ def test_report_only_writes_the_tables_from_the_crams_so_far_and_crams_nothing(t
                           "--baselines", "sized-cpu", "--out", str(out), "--report-only"]) == 0
     text = (out / "transfer.md").read_text()
     assert table_row(text, "trial 1").split(" | ")[3].startswith("4.900 (n=1)")
-    assert table_row(text, "sized-cpu").count(" - ") == 4  # nothing crammed at any multiple
+    assert table_row(text, "sized-cpu").count(" - ") == 5  # nothing crammed at any multiple, no epochs at 30x
 
 
 def write_config(path: Path, hidden: int, lr: float, ffn_kind: str = "geglu") -> str:
