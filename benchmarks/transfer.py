@@ -279,14 +279,16 @@ def resized_otherwise(configs: list[Configuration], fits: dict, budget: Budget, 
     hands = {c.name: c for c in configs if c.kind == "hand design"}
     notes = []
     resized = [c for c in configs if c.kind == "resized"]
-    for name, fit in ((name, fit) for name, (_, fit, _) in fits.items() if fit is not None):
+    for name, (_, fit, _) in fits.items():
+        if fit is None:
+            continue
         for c in resized:
             base, moved = hands[c.name.removesuffix(SIZED)], []
             for m in multiples:
-                had = ArchConfig.from_dict(c.archs[m])
+                had = f"{c.archs[m]['layers']}x{c.archs[m]['hidden']}"
                 now = fit.choose(ArchConfig.from_dict(base.archs[m]), budget.amount * m).size
-                if now != f"{had.layers}x{had.hidden}":
-                    moved.append(f"{m:g}x {now}, not {had.layers}x{had.hidden}")
+                if now != had:
+                    moved.append(f"{m:g}x {now}, not {had}")
             if moved:
                 notes.append(f"{name}'s size fit written here would size {base.name} otherwise than --size-fit did "
                              f"({'; '.join(moved)}): keep --size-fit for these crams, or pass the new file with "
