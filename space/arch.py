@@ -280,19 +280,35 @@ class ArchConfig:
     def replace(self, **changes: Any) -> ArchConfig:
         return dataclasses.replace(self, **changes)
 
+    def canonical(self) -> ArchConfig:
+        """The same network spelled one way: window fields that change no layer are written as the
+        defaults. No layer is local when the window is 0 or spans the whole row (local_window >=
+        max_seq_len - 1), or when every layer is global (one layer, global_every 1); and every
+        global_every >= layers leaves layer 0 the only global one. Searches draw these fields
+        independently, so without this two draws of one function get two fingerprints and both train."""
+        window_reaches_every_key = self.local_window >= self.max_seq_len - 1
+        if window_reaches_every_key or all(self.is_global(layer) for layer in range(self.layers)):
+            return self.replace(local_window=0, global_every=1)
+        return self.replace(global_every=min(self.global_every, self.layers))
+
     def describe(self) -> str:
         """The architecture in one short line, the choices that most tell models apart:
         `4x256/4h geglu pre-norm rotary` (layers x hidden / heads, FFN, norm placement, positions),
         then `window 16/global every 3` when layers attend locally."""
         line = (f"{self.layers}x{self.hidden}/{self.heads}h {self.ffn_kind} {self.norm_placement}-norm "
                 f"{self.position}")
-        return line + (f" window {self.local_window}/global every {self.global_every}" if self.local_window else "")
+        windowed = self.canonical()
+        return line + (f" window {windowed.local_window}/global every {windowed.global_every}"
+                       if windowed.local_window else "")
 
     def fingerprint(self) -> str:
-        """Short stable hash of every field: same in every process and Python hash seed."""
+        """Short stable hash of every field of the canonical spelling (`canonical`): same in every
+        process and Python hash seed, and one per network, so a study's repeat check sees through
+        a window that changes nothing."""
         # Fields added after studies and runs had recorded fingerprints are hashed only when they
         # differ from their default, so an architecture that existed before keeps its name.
-        named = {k: v for k, v in self.to_dict().items() if not (k in _LATER_FIELDS and v == _DEFAULTS[k])}
+        named = {k: v for k, v in self.canonical().to_dict().items()
+                 if not (k in _LATER_FIELDS and v == _DEFAULTS[k])}
         canonical = json.dumps(named, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 

@@ -184,6 +184,19 @@ def test_dedupe_marks_repeats_of_completed_trials(space):
     assert ask(study, space).repeat_of == first.number  # the original, not the repeat
 
 
+def test_a_window_that_changes_no_layer_is_a_repeat(space):
+    study = open_study("s", None, "random", "probe", space, seed=0)
+    drawn = run(study, space, 1)[0]
+    one_layer = {k: v for k, v in study.trials[drawn.number].params.items() if k != "global_every"}
+    one_layer.update(layers=1, local_window=0)
+    study.enqueue_trial(one_layer)
+    first = run(study, space, 1)[0]
+    assert first.config.layers == 1 and first.repeat_of is None
+    study.enqueue_trial({**one_layer, "local_window": 16, "global_every": 3})  # its one layer is global
+    again = ask(study, space)
+    assert again.config.local_window == 16 and again.repeat_of == first.number
+
+
 @pytest.mark.slow
 def test_resume_continues_exactly(space, tmp_path):
     # Evolution in SQLite, interrupted after 10 trials (one left running), against one

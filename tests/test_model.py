@@ -174,14 +174,18 @@ WINDOWED = TINY.replace(layers=3, local_window=2, global_every=3, position="rota
 
 def test_global_models_build_no_window():
     assert M.CrammedBert(TINY).window is None
+    # Nor one whose window changes no layer (space.ArchConfig.canonical): it reaches every key.
+    assert M.CrammedBert(WINDOWED.replace(local_window=TINY.max_seq_len - 1)).window is None
     # The mask is not a weight: a windowed model's state dict is a global one's.
     assert M.CrammedBert(WINDOWED).state_dict().keys() == M.CrammedBert(WINDOWED.replace(local_window=0)).state_dict().keys()
 
 
 def test_a_window_over_the_whole_row_is_global_attention():
-    ids, _ = batch(WINDOWED, t=TINY.max_seq_len)
+    # One row shorter than the longest, so the model keeps (and this tests) its mask.
+    ids, _ = batch(WINDOWED, t=TINY.max_seq_len - 1)
     torch.manual_seed(0)
-    windowed = M.CrammedBert(WINDOWED.replace(local_window=TINY.max_seq_len - 1)).eval()
+    windowed = M.CrammedBert(WINDOWED.replace(local_window=TINY.max_seq_len - 2)).eval()
+    assert windowed.window is not None
     full = M.CrammedBert(WINDOWED.replace(local_window=0)).eval()
     full.load_state_dict(windowed.state_dict())
     torch.testing.assert_close(windowed(ids)[0], full(ids)[0], atol=1e-6, rtol=1e-6)

@@ -270,5 +270,23 @@ def test_fingerprints_of_architectures_from_before_windows_are_unchanged():
     assert ArchConfig().fingerprint() == "9325c88d2659"
     small = ArchConfig(layers=2, hidden=128, heads=2, vocab_size=2048, max_seq_len=64, position="rotary")
     assert small.fingerprint() == "c3d6356204ac"
-    assert small.replace(local_window=16, global_every=3).fingerprint() not in ("c3d6356204ac",
-                                                                                 small.replace(local_window=16).fingerprint())
+    assert small.replace(local_window=16, global_every=3).fingerprint() != "c3d6356204ac"
+
+
+def test_a_window_that_changes_no_layer_is_one_network_with_one_fingerprint():
+    small = ArchConfig(layers=2, hidden=128, heads=2, vocab_size=2048, max_seq_len=64, position="rotary")
+    moot = [small.replace(layers=1).replace(local_window=16, global_every=3),  # its one layer is global
+            small.replace(local_window=16),  # global_every 1: every layer global
+            small.replace(global_every=3),  # no window
+            small.replace(local_window=63, global_every=2)]  # the window reaches every key of a row
+    for arch in moot:
+        plain = small.replace(layers=arch.layers)
+        assert arch.canonical() == plain and arch.fingerprint() == plain.fingerprint()
+        assert "window" not in arch.describe()
+    # Two layers: global_every 2 and 3 both leave layer 1 local, the same network.
+    two, three = small.replace(local_window=16, global_every=2), small.replace(local_window=16, global_every=3)
+    assert two.fingerprint() == three.fingerprint() and three.describe().endswith("window 16/global every 2")
+    # ...which a third layer tells apart (global_every 2 makes layer 2 global), as does the window.
+    assert two.replace(layers=3).fingerprint() != three.replace(layers=3).fingerprint()
+    assert two.fingerprint() != two.replace(local_window=8).fingerprint() != small.fingerprint()
+    assert two.canonical() is not two and two.canonical().canonical() == two.canonical()

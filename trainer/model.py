@@ -376,8 +376,9 @@ class CrammedBert(nn.Module):
         self.arch = arch
         self.embeddings = Embeddings(arch, POSITIONS[arch.position](arch), dropout)
         self.blocks = nn.ModuleList(Block(arch, dropout) for _ in range(arch.layers))
-        # Only models with local layers have one: the others build no mask, as before windows existed.
-        self.window = SlidingWindow(arch) if arch.local_window else None
+        # Only models with a layer that is local in effect have one (ArchConfig.canonical): the
+        # others build no mask, as before windows existed.
+        self.window = SlidingWindow(arch) if arch.canonical().local_window else None
         self.final_norm = make_norm(arch) if arch.final_norm else nn.Identity()
         self.head = PredictionHead(arch, self.embeddings.tokens)
         self.apply(self._init_weights)
