@@ -294,12 +294,14 @@ class ArchConfig:
     def describe(self) -> str:
         """The architecture in one short line, the choices that most tell models apart:
         `4x256/4h geglu pre-norm rotary` (layers x hidden / heads, FFN, norm placement, positions),
-        then `window 16/global every 3` when layers attend locally."""
+        then `window 16/global every 3` when layers attend locally and `untied` when the decoder
+        has its own weights (at small widths they are most of the model)."""
         line = (f"{self.layers}x{self.hidden}/{self.heads}h {self.ffn_kind} {self.norm_placement}-norm "
                 f"{self.position}")
         windowed = self.canonical()
-        return line + (f" window {windowed.local_window}/global every {windowed.global_every}"
-                       if windowed.local_window else "")
+        if windowed.local_window:
+            line += f" window {windowed.local_window}/global every {windowed.global_every}"
+        return line + ("" if self.tie_embeddings else " untied")
 
     def fingerprint(self) -> str:
         """Short stable hash of every field of the canonical spelling (`canonical`): same in every

@@ -248,6 +248,7 @@ def test_describe_names_the_choices_that_tell_models_apart():
     assert ArchConfig().describe() == "16x768/12h geglu pre-norm scaled_sinusoidal"
     assert arch.replace(local_window=16, global_every=3).describe() == \
         "4x256/4h swiglu post-norm rotary window 16/global every 3"
+    assert arch.replace(tie_embeddings=False).describe() == "4x256/4h swiglu post-norm rotary untied"
 
 
 def test_a_space_may_search_sliding_window_attention(tmp_path):
