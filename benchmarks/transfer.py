@@ -447,10 +447,13 @@ def report(configs: list[Configuration], table: dict[str, dict[float, Cell]], bu
     if reference is not None:
         lines += [f"corruption floor {reference.corruption_floor:.3f}, two-neighbour count model "
                   f"{reference.context_reference:.3f}", ""]
-    lines += [*configuration_table(configs, table, multiples),
-              f"## Ranks against {multiples[-1]:g}x over the {len(fixed)} fixed configurations", "",
-              *correlation_table(table, fixed, multiples, resamples),
-              *best_lines(table, fixed, multiples, resized)]
+    lines += configuration_table(configs, table, multiples)
+    # Across sizes the ranks mostly order sizes; the study's candidates alone ask the ladder's question.
+    for names, words in ((fixed, "fixed configurations"), (candidates, "study candidates")):
+        if names and (names is fixed or len(names) < len(fixed)):
+            lines += [f"## Ranks against {multiples[-1]:g}x over the {len(names)} {words}", "",
+                      *correlation_table(table, names, multiples, resamples)]
+    lines += best_lines(table, fixed, multiples, resized)
     if pick is not None:
         lines += ["## The ladder's pick", "", *ladder_pick_lines(table, pick, candidates, hands, resized, multiples)]
         sized = fitted_pick(fits, pick, budget, multiples)

@@ -281,15 +281,16 @@ class ArchConfig:
         return dataclasses.replace(self, **changes)
 
     def canonical(self) -> ArchConfig:
-        """The same network spelled one way: window fields that change no layer are written as the
-        defaults. No layer is local when the window is 0 or spans the whole row (local_window >=
-        max_seq_len - 1), or when every layer is global (one layer, global_every 1); and every
-        global_every >= layers leaves layer 0 the only global one. Searches draw these fields
-        independently, so without this two draws of one function get two fingerprints and both train."""
+        """The same network spelled one way: window fields that make no layer local are written as
+        the defaults. No layer is local when the window is 0 or spans the whole row (local_window >=
+        max_seq_len - 1), or when every layer is global (one layer, or global_every 1). Searches draw
+        these fields independently, so without this two draws of one function get two fingerprints
+        and both train. (Two windowed spellings of one network, as global_every 2 and 3 in two
+        layers, stay apart: mapping one onto the other would rename crams already recorded.)"""
         window_reaches_every_key = self.local_window >= self.max_seq_len - 1
         if window_reaches_every_key or all(self.is_global(layer) for layer in range(self.layers)):
             return self.replace(local_window=0, global_every=1)
-        return self.replace(global_every=min(self.global_every, self.layers))
+        return self
 
     def describe(self) -> str:
         """The architecture in one short line, the choices that most tell models apart:

@@ -81,6 +81,22 @@ def test_each_rung_is_ranked_against_30x_over_the_fixed_configurations_with_inte
     assert "| 1x | 30x | 2 | too few to rank | too few to rank |" in few
 
 
+def test_the_study_candidates_are_also_ranked_alone(tmp_path):
+    # The candidates keep their order from 1x to 30x; the hand designs' sizes turn the whole set round.
+    curves = {f"c{i}": seeds(4.0 + 0.1 * i, 3.9 + 0.1 * i, 3.8 + 0.1 * i, 3.7 + 0.1 * i) for i in range(3)}
+    curves |= {f"h{i}": seeds(6.0 + 0.1 * i, 4.0, 3.4, 3.0 - 0.2 * i) for i in range(3)}
+    configs, table = made_up(tmp_path, curves, {f"h{i}": "hand design" for i in range(3)})
+    text = transfer.report(configs, table, Budget.parse("2e12flops"), MULTIPLES, SEEDS_AT, {}, resamples=200)
+    fixed = text[text.index("## Ranks against 30x over the 6 fixed configurations"):]
+    alone = text[text.index("## Ranks against 30x over the 3 study candidates"):]
+    assert re.search(r"\| 1x \| 30x \| 6 \| -0\.\d\d", fixed)  # across sizes: reversed
+    assert "| 1x | 30x | 3 | 1.00 " in alone and "| 10x | 30x | 3 | 1.00 " in alone
+    # With only candidates, the one table is theirs already.
+    configs, table = made_up(tmp_path, {name: curves[name] for name in ("c0", "c1", "c2")})
+    text = transfer.report(configs, table, Budget.parse("2e12flops"), MULTIPLES, SEEDS_AT, {}, resamples=200)
+    assert text.count("## Ranks against") == 1
+
+
 def test_a_mean_below_the_count_model_is_marked_where_it_first_is(tmp_path):
     curves = {"deep": seeds(5.0, 4.0, 3.1, CONTEXT - 0.1), "shallow": seeds(5.1, 4.5, 4.0, 3.5)}
     configs, table = made_up(tmp_path, curves)
