@@ -64,6 +64,8 @@ from accounting import CONFIGS, Crams
 from fidelity import correlation
 
 from search.ladder import DEFAULT_ETA
+from search.sizing import SizingError, best_cell, fit_lines, fit_size, load_size_fit, non_embedding_params, short_count, size_name
+from search.sizing import resized as sized_run
 from search.stats import mean_interval
 from space.arch import ArchConfig
 from space.errors import CramnasError, UsageError
@@ -93,6 +95,12 @@ class Configuration:
     def seed_count(self, seeds_at: dict[float, int], m: float) -> int:
         return self.seeds.get(m, seeds_at[m])
 
+    def arch(self, m: float) -> ArchConfig:
+        return ArchConfig.from_dict(self.archs[m])
+
+    def size(self, m: float) -> str:
+        return size_name(self.arch(m))
+
     @classmethod
     def fixed(cls, name: str, kind: str, arch: dict, train: dict, multiples):
         return cls(name, kind, train, {m: arch for m in multiples}, {m: name for m in multiples})
@@ -102,13 +110,11 @@ def resized_designs(baselines: list[Configuration], runs: dict, fit, budget: Bud
     """Each hand design at the size `fit` picks for each multiple's FLOP budget, and the fit's
     warnings (a prediction beyond its grid). Where the pick is the design's own size, the crams
     are the hand design's: the same model, seed and budget need no second cram."""
-    from search.sizing import resized
-
     configs, warnings = [], []
     for base in baselines:
         archs, names = {}, {}
         for m in multiples:
-            run, choice = resized(runs[base.name], fit, Budget.parse(f"{budget.amount * m:g}flops"))
+            run, choice = sized_run(runs[base.name], fit, Budget.parse(f"{budget.amount * m:g}flops"))
             archs[m] = run.arch.to_dict()
             names[m] = base.name if archs[m] == base.archs[m] else base.name + SIZED
             if choice.warning:
@@ -160,11 +166,10 @@ def cells(crams: Crams, configs: list[Configuration], seeds_at: dict[float, int]
             rows = {s: crams.done[key] for s, key in keys.items() if key in crams.done}
             if rows:
                 any_row = next(iter(rows.values()))
-                arch = config.archs[m]
                 epochs = [row["epochs"] for row in rows.values() if row.get("epochs") is not None]
                 table[config.name][m] = Cell({s: row["validation_loss"] for s, row in rows.items()},
                                              any_row["corruption_floor"], any_row["context_reference"],
-                                             f"{arch['layers']}x{arch['hidden']}",
+                                             config.size(m),
                                              statistics.mean(epochs) if epochs else None)
     return table
 
@@ -218,14 +223,11 @@ def family_fit(family: list[Configuration], table: dict[str, dict[float, Cell]],
     """The family smallest N first and search.sizing's fit of how its best size grows with compute,
     over its mean losses at each multiple with two sizes or more (None and why, when there is too
     little to fit yet)."""
-    from search.sizing import SizingError, fit_size, non_embedding_params
-
-    arch = lambda config: ArchConfig.from_dict(config.archs[multiples[0]])
-    family = sorted(family, key=lambda c: non_embedding_params(arch(c)))
+    family = sorted(family, key=lambda c: non_embedding_params(c.arch(multiples[0])))
     # a multiple with one size crammed so far says nothing of the best size there
     compared = [m for m in multiples if sum(m in table[c.name] for c in family) >= 2]
-    rows = [{"budget_flops": budget.amount * m, "size": f"{arch(c).layers}x{arch(c).hidden}",
-             "non_embedding_params": non_embedding_params(arch(c)), "validation_loss": table[c.name][m].mean}
+    rows = [{"budget_flops": budget.amount * m, "size": c.size(multiples[0]),
+             "non_embedding_params": non_embedding_params(c.arch(multiples[0])), "validation_loss": table[c.name][m].mean}
             for c in family for m in compared if m in table[c.name]]
     try:
         return family, fit_size(rows), ""
@@ -242,14 +244,11 @@ def size_fit_lines(family: list[Configuration], fit, why: str | None, table: dic
                    budget: Budget, multiples) -> list[str]:
     """The family's losses by size and multiple, each multiple's best size (IsoFLOP parabola), the
     fit N_opt = a C^b (None: `why` not) and each budget held out in turn."""
-    from search.sizing import best_cell, fit_lines, non_embedding_params, short_count
-
     lines = ["| size | configuration | N | " + " | ".join(f"{m:g}x" for m in multiples) + " |",
              "|---|---|---|" + "---|" * len(multiples)]
     best = {round(b.budget_flops / budget.amount, 6): b for b in fit.best} if fit else {}
     for c in family:
-        arch = ArchConfig.from_dict(c.archs[multiples[0]])
-        size = f"{arch.layers}x{arch.hidden}"
+        arch, size = c.arch(multiples[0]), c.size(multiples[0])
         cells = [("-" if m not in table[c.name] else f"**{table[c.name][m].mean:.3f}**"
                   if m in best and best[m].size == size else f"{table[c.name][m].mean:.3f}") for m in multiples]
         lines.append(f"| {size} | {c.name} | {short_count(non_embedding_params(arch))} | " + " | ".join(cells) + " |")
@@ -285,8 +284,7 @@ def resized_otherwise(configs: list[Configuration], fits: dict, budget: Budget, 
         for c in resized:
             base, moved = hands[c.name.removesuffix(SIZED)], []
             for m in multiples:
-                had = f"{c.archs[m]['layers']}x{c.archs[m]['hidden']}"
-                now = fit.choose(ArchConfig.from_dict(base.archs[m]), budget.amount * m).size
+                had, now = c.size(m), fit.choose(base.arch(m), budget.amount * m).size
                 if now != had:
                     moved.append(f"{m:g}x {now}, not {had}")
             if moved:
@@ -422,13 +420,11 @@ def ladder_pick_lines(table: dict[str, dict[float, Cell]], pick: str, candidates
 def fitted_pick(fits: dict, pick: str, budget: Budget, multiples) -> str | None:
     """The configuration of the pick's design at the size its family's fit chooses for the largest
     multiple's budget (what `search.export --target-budget` writes of the pick), where one is given."""
-    first = lambda config: ArchConfig.from_dict(config.archs[multiples[0]])
     for family, fit, _ in fits.values():
         members = {config.name: config for config in family}
         if pick in members and fit is not None:
-            choice = fit.choose(first(members[pick]), budget.amount * multiples[-1])
-            return next((c.name for c in family if (first(c).layers, first(c).hidden) == (choice.arch.layers,
-                                                                                            choice.arch.hidden)), None)
+            choice = fit.choose(members[pick].arch(multiples[0]), budget.amount * multiples[-1])
+            return next((c.name for c in family if c.size(multiples[0]) == choice.size), None)
     return None
 
 
@@ -447,12 +443,12 @@ def report(configs: list[Configuration], table: dict[str, dict[float, Cell]], bu
     if reference is not None:
         lines += [f"corruption floor {reference.corruption_floor:.3f}, two-neighbour count model "
                   f"{reference.context_reference:.3f}", ""]
-    lines += configuration_table(configs, table, multiples)
+    ranks = lambda names, words: [f"## Ranks against {multiples[-1]:g}x over the {len(names)} {words}", "",
+                                  *correlation_table(table, names, multiples, resamples)]
+    lines += [*configuration_table(configs, table, multiples), *ranks(fixed, "fixed configurations")]
     # Across sizes the ranks mostly order sizes; the study's candidates alone ask the ladder's question.
-    for names, words in ((fixed, "fixed configurations"), (candidates, "study candidates")):
-        if names and (names is fixed or len(names) < len(fixed)):
-            lines += [f"## Ranks against {multiples[-1]:g}x over the {len(names)} {words}", "",
-                      *correlation_table(table, names, multiples, resamples)]
+    if 0 < len(candidates) < len(fixed):
+        lines += ranks(candidates, "study candidates")
     lines += best_lines(table, fixed, multiples, resized)
     if pick is not None:
         lines += ["## The ladder's pick", "", *ladder_pick_lines(table, pick, candidates, hands, resized, multiples)]
@@ -634,8 +630,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def settle(args) -> tuple:
     """Every input read and checked: the configurations, 1x budget, multiples, seeds, pick, notes."""
-    from search.sizing import load_size_fit
-
     if not Path(args.data).is_dir():
         raise UsageError(f"--data: {args.data} is not a directory")
     multiples = parse_multiples(args.multiples)
