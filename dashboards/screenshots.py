@@ -337,15 +337,20 @@ def _best_trial(data: StudyData) -> pd.Series | None:
 
 # ---- CLI ----------------------------------------------------------------------------------------
 
-@one_line_on_ctrl_c
-def main(argv: list[str] | None = None) -> int:
-    parser = CliParser(prog="python -m dashboards.screenshots", description=__doc__.splitlines()[0])
+def build_parser() -> CliParser:
+    """The command line of `python -m dashboards.screenshots` (docs/cli.md is generated from it: docs/gen_cli.py)."""
+    parser = CliParser(prog="python -m dashboards.screenshots", description=__doc__)
     parser.add_argument("--study", required=True, help="the study's name (its MLflow experiment)")
     parser.add_argument("--out-dir", default="screenshots",
                         help="where the PNGs and report-<study>.html go (default screenshots/)")
     parser.add_argument("--tracking-uri", help="default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     parser.add_argument("--chromium", help="the Chromium binary (default: chromium on PATH)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@one_line_on_ctrl_c
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         shots = capture(args.study, Path(args.out_dir), args.tracking_uri, args.chromium)
     except CramnasError as error:

@@ -194,13 +194,18 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt  # SIGTERM (a supervisor, `kill`) leaves the way Ctrl-C does: server stopped
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = CliParser(prog="python -m dashboards.ui", description=__doc__.splitlines()[0])
+def build_parser() -> CliParser:
+    """The command line of `python -m dashboards.ui` (docs/cli.md is generated from it: docs/gen_cli.py)."""
+    parser = CliParser(prog="python -m dashboards.ui", description=__doc__)
     parser.add_argument("--study", help="print this study's runs table and top-5 compare URLs")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port the MLflow UI listens on")
     parser.add_argument("--host", default=LOOPBACK, help="interface to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--tracking-uri", help="default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         # Check the store and the study before the server's start-up (seconds), not after.

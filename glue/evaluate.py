@@ -60,12 +60,13 @@ def result_table(result: ProbeResult, title: str):
     return table
 
 
-@one_line_on_ctrl_c
-def main(argv: list[str] | None = None) -> int:
-    parser = CliParser(prog="python -m glue.evaluate", description=__doc__.splitlines()[0])
+def build_parser() -> CliParser:
+    """The command line of `python -m glue.evaluate` (docs/cli.md is generated from it: docs/gen_cli.py)."""
+    parser = CliParser(prog="python -m glue.evaluate", description=__doc__)
     parser.add_argument("--checkpoint", required=True, help="a checkpoint directory written by trainer.cram")
     parser.add_argument("--tasks", help=f"all, available, or a comma list of {','.join(TASKS)}")
-    parser.add_argument("--protocol", choices=("sane", "probe"), default="sane")
+    parser.add_argument("--protocol", choices=("sane", "probe"), default="sane",
+                        help="sane: Cramming's GLUE_sane, full fine-tuning; probe: a search trial's capped one")
     parser.add_argument("--seeds", type=int, help="fine-tuning seeds per task; the median is reported "
                                                   "(default 5 for sane, 1 for probe)")
     # No --corpus: nothing is pretrained here. No --cache-dir: GLUE tasks are read directly, not packed.
@@ -76,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds-per-task", type=float, default=ProbeLimits.max_seconds_per_task,
                         help="probe only: training wall-clock per task")
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
-    args = parser.parse_args(argv)
+    return parser
+
+
+@one_line_on_ctrl_c
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     quiet_libraries(args.verbose)
 
     from rich.console import Console

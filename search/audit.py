@@ -93,14 +93,19 @@ def audit_study(study_name: str, tracking_uri: str | None = None, storage: str |
     return audit
 
 
-@one_line_on_ctrl_c
-def main(argv: list[str] | None = None) -> int:
-    parser = CliParser(prog="python -m search.audit", description=__doc__.splitlines()[0])
-    parser.add_argument("--study", required=True)
+def build_parser() -> CliParser:
+    """The command line of `python -m search.audit` (docs/cli.md is generated from it: docs/gen_cli.py)."""
+    parser = CliParser(prog="python -m search.audit", description=__doc__)
+    parser.add_argument("--study", required=True, help="the study to check (its MLflow experiment and Optuna study)")
     parser.add_argument("--trials", type=int, help="the total the study should have reached")
     parser.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     parser.add_argument("--storage", help="Optuna study storage (default: optuna.db beside a SQLite MLflow store)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@one_line_on_ctrl_c
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     from search.stores import check_store, existing_store, existing_study
 
     try:

@@ -150,7 +150,8 @@ class SeedOutcome:
     metrics: dict[str, float] = field(default_factory=dict)  # a complete run's final metrics
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> CliParser:
+    """The command line of `python -m search.confirm` (docs/cli.md is generated from it: docs/gen_cli.py)."""
     parser = CliParser(prog="python -m search.confirm",
                                      description="Re-train a study's best architectures with new seeds.")
     parser.add_argument("--study", required=True, help="the study to confirm (its MLflow experiment)")
@@ -175,7 +176,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", help="whose recorded costs --estimate prices with: cpu or gpu (default: gpu "
                                           "where CUDA is present)")
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def estimate_line(plan: ConfirmPlan, profile: str | None) -> str:

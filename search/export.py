@@ -240,10 +240,10 @@ def target_sizing(target_budget: str | None, size_fit: str | None):
     return load_size_fit(size_fit), budget
 
 
-@one_line_on_ctrl_c
-def main(argv: list[str] | None = None) -> int:
-    parser = CliParser(prog="python -m search.export", description=__doc__.splitlines()[0])
-    parser.add_argument("--study", required=True)
+def build_parser() -> CliParser:
+    """The command line of `python -m search.export` (docs/cli.md is generated from it: docs/gen_cli.py)."""
+    parser = CliParser(prog="python -m search.export", description=__doc__)
+    parser.add_argument("--study", required=True, help="the study whose best trial to export (its MLflow experiment)")
     parser.add_argument("--rank-by", choices=sorted(OBJECTIVES), help="an objective (default: the study's)")
     parser.add_argument("--out", help="default: trainer/configs/<study>-best.yaml")
     parser.add_argument("--tracking-uri", help="the MLflow store the search used")
@@ -254,7 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-budget", metavar="B", help="write the winning design at the size --size-fit predicts "
                         "for this FLOP budget, the one you will cram at (e.g. 6e13flops)")
     parser.add_argument("--size-fit", metavar="FILE", help="size-fit.json of python -m search.sizing (with --target-budget)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@one_line_on_ctrl_c
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         done = export(args.study, args.rank_by, args.out, args.tracking_uri, args.storage, args.force, args.register,
                       args.target_budget, args.size_fit)

@@ -105,12 +105,17 @@ def _record(uri: str, checkpoint: Path) -> str:
     return run_id
 
 
-@one_line_on_ctrl_c
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> CliParser:
+    """The command line of `python -m search.record` (docs/cli.md is generated from it: docs/gen_cli.py)."""
     parser = CliParser(prog="python -m search.record", description="Record a finished trainer.cram run in MLflow.")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run's directory (trainer.cram's --out), e.g. runs/<name>")
     parser.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@one_line_on_ctrl_c
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     from search.stores import check_store
 
     try:

@@ -434,8 +434,9 @@ def parse_sizes(text: str, design: ArchConfig) -> list[ArchConfig]:
     return sorted(family, key=non_embedding_params)
 
 
-def parse_arguments(argv: list[str] | None) -> Any:
-    parser = CliParser(prog="python -m search.sizing", description=__doc__.splitlines()[0])
+def build_parser() -> CliParser:
+    """The command line of `python -m search.sizing` (docs/cli.md is generated from it: docs/gen_cli.py)."""
+    parser = CliParser(prog="python -m search.sizing", description=__doc__)
     parser.add_argument("--config", required=True, help="run config YAML whose design and training settings are "
                         "sized, e.g. trainer/configs/sized-cpu.yaml or an exported study winner")
     parser.add_argument("--budgets", required=True, help="comma-separated FLOP budgets, at least two, "
@@ -448,7 +449,11 @@ def parse_arguments(argv: list[str] | None) -> Any:
     parser.add_argument("--out", help="where crams.jsonl and size-fit.json go (default: sizing-<config name>/)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1, one core as a CPU trial)")
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_arguments(argv: list[str] | None) -> Any:
+    args = build_parser().parse_args(argv)
     quiet_libraries(args.verbose)
     return args
 

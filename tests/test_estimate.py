@@ -1,6 +1,8 @@
 """What a study costs before it starts (issue 20 §5): `search.estimate`'s arithmetic, the
 `--estimate` flag end to end, the CPUs a GPU trial gets from its node, and the Inductor settings a
-trial compiles with (§3)."""
+trial compiles with (§3). Issue 39 §5: the estimate prices what will run (early stopping as the
+session applies it, no more trials at once than there are trials, refs budgets) in seconds when
+short, and says what it assumed."""
 
 from __future__ import annotations
 
@@ -9,8 +11,18 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
-from search.estimate import Costs, asha_rungs, asha_shares, estimate, ladder_hours, progress_reports
+from search.estimate import (
+    Costs,
+    asha_rungs,
+    asha_shares,
+    device_time,
+    estimate,
+    ladder_hours,
+    progress_reports,
+    study_estimate,
+)
 from search.resources import auto_cpus_per_trial
 from search.trial import compile_env, use_compile_env
 from space.errors import UsageError
@@ -74,7 +86,11 @@ def test_without_asha_compile_or_probe():
 def test_a_cpu_study_counts_cpu_hours_and_prices_flops_at_the_recorded_speed():
     result = study(budget=Budget.parse("1e13flops"), compile_model=False, resources={"cpu": 1, "gpu": 0}, concurrent=2,
                    early_stop={"grace_reports": 4, "reduction_factor": 2}, probe_tasks=3, probe_seconds_per_task=5.0)
-    per_trial = 20 + 0.5 * 1e13 / 4.8e10 + (3 * (5 + 15)) / 8
+    # search.study.early_stopping's rungs: 4 and 8 of the 15 progress reports (max_t 15.5), none at the
+    # end, so the quarter that trains to the end is all probed: 4/16 + 4/16 / 2 + 8/16 / 4 trained.
+    trained, probed = asha_shares([4, 8], 16, 2)
+    assert (trained, probed) == pytest.approx((0.5, 1 / 4))
+    per_trial = 20 + trained * 1e13 / 4.8e10 + probed * 3 * (5 + 15)
     assert result.kind == "CPU" and result.device_hours == pytest.approx(200 * per_trial / 3600)
     assert result.wall_hours == pytest.approx(result.device_hours / 2)
 
@@ -145,15 +161,17 @@ def run_estimate(*flags: str) -> subprocess.CompletedProcess:
 @requires_shared_data
 @pytest.mark.slow
 @pytest.mark.subprocess
-def test_estimate_prints_one_line_and_starts_nothing(tmp_path):
-    done = run_estimate("--profile", "gpu", "--data", str(SHARED_DATA), "--max-concurrent", "4",
+def test_estimate_prints_the_cost_and_what_it_assumed_and_starts_nothing(tmp_path):
+    done = run_estimate("--profile", "gpu", "--data", str(SHARED_DATA), "--max-concurrent", "4", "--early-stop",
                         "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--cache-dir", str(tmp_path / "cache"))
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("estimate: 200 trials, ")
+    assert len(lines) == 2 and lines[0].startswith("estimate: 200 trials, ")
     assert "GPU-hours" in lines[0] and "on 4 GPUs" in lines[0]
+    assert lines[1].startswith("assumed: profile gpu.yaml; budget 5m a trial; early stopping on (ASHA") and \
+        lines[1].endswith("; controller gp; 4 trials at once, 1 GPU each")
     hours = float(lines[0].split(", ")[1].split()[0])
-    assert hours <= 10.0  # the GPU profile's study fits 10 H200-hours (issue 20 §5)
+    assert hours <= 10.0  # with early stopping the GPU profile's study fits 10 H200-hours (issue 20 §5)
     assert list(tmp_path.iterdir()) == []  # no store opened, no data prepared
     bad = run_estimate("--profile", "gpu", "--data", str(SHARED_DATA), "--budget", "5 minutes")
     assert bad.returncode == 2 and bad.stderr.startswith("error: budget: ") and bad.stdout == ""
@@ -165,6 +183,13 @@ def test_estimate_prints_one_line_and_starts_nothing(tmp_path):
     assert whole == pytest.approx(float(study_hours.split()[0]) + ladder, abs=0.11)
     wrong = run_estimate("--profile", "gpu", "--data", str(SHARED_DATA), "--ladder", "3x,2x")
     assert wrong.returncode == 2 and wrong.stderr.startswith("error: --ladder: rungs must rise")
+    refs = run_estimate("--profile", "cpu", "--data", str(SHARED_DATA), "--budget", "180refs")
+    assert refs.returncode == 0 and refs.stderr == "", refs.stderr  # a traceback (KeyError: 'refs') before
+    assert refs.stdout.startswith("estimate: 200 trials, ") and "assumed: profile cpu.yaml; budget 180refs a trial = " \
+        in refs.stdout
+    no_speed = run_estimate("--profile", "gpu", "--data", str(SHARED_DATA), "--budget", "180refs")
+    assert no_speed.returncode == 2 and no_speed.stdout == ""
+    assert no_speed.stderr.startswith("error: --estimate: a budget in refs needs costs.flops_per_s in gpu.yaml")
 
 
 def test_a_ladder_costs_each_rungs_climbers_and_baselines_with_every_seed():
@@ -182,6 +207,87 @@ def test_a_ladder_costs_each_rungs_climbers_and_baselines_with_every_seed():
 def test_a_short_study_reads_in_minutes_and_one_trial_is_singular():
     one = study(trials=1, budget=Budget.parse("60s"), early_stop=None, compile_model=False, probe_tasks=0,
                 resources={"cpu": 1, "gpu": 0}, concurrent=2)
-    # 20 s of start-up and 60 s of training: 80 s = 1.3 minutes, on 2 CPUs at once 0.7 minutes
-    assert one.line() == "estimate: 1 trial, 1.3 CPU-minutes (0.7 minutes on 2 CPUs), 0 trials probed"
+    # 20 s of start-up and 60 s of training: 80 s = 1.3 minutes, on the one CPU its one trial runs on
+    assert one.line() == "estimate: 1 trial, 1.3 CPU-minutes (1.3 minutes on 1 CPU), 0 trials probed"
     assert "0.0" not in study(trials=2, budget=Budget.parse("60s")).line()
+
+
+def test_a_study_under_a_minute_reads_in_seconds():
+    # 20 s of start-up and 10 s of training: 30 s, not "0.5 minutes"
+    short = study(trials=1, budget=Budget.parse("10s"), early_stop=None, compile_model=False, probe_tasks=0,
+                  resources={"cpu": 1, "gpu": 0})
+    assert short.line() == "estimate: 1 trial, 30 CPU-seconds (30 seconds on 1 CPU), 0 trials probed"
+    assert device_time(1 / 3600) == "1 second" and device_time(59 / 3600, "GPU") == "59 GPU-seconds"
+    assert device_time(1.5 / 60) == "1.5 minutes" and device_time(1.5) == "1.5 hours"
+
+
+def cpu_study(monkeypatch, trials: int, *flags: str, cpus: int = 2):
+    """`search.run --profile cpu --trials N --estimate FLAGS` priced in-process on a machine of `cpus` CPUs."""
+    import search.run as run
+
+    monkeypatch.setattr("os.cpu_count", lambda: cpus)
+    args = run.parse_args(["--profile", "cpu", "--trials", str(trials), "--estimate", *flags])
+    return study_estimate(run.check_inputs(args), trials, args.max_concurrent, args.controller)
+
+
+def test_early_stopping_is_priced_only_where_the_session_applies_it(monkeypatch):
+    from search.run import ASHA_MIN_TRIALS
+
+    few, enough = ASHA_MIN_TRIALS - 1, ASHA_MIN_TRIALS
+    # Below min_trials the study runs without ASHA (search.study.early_stop_for_session): so is it priced.
+    asked, without = cpu_study(monkeypatch, few, "--early-stop"), cpu_study(monkeypatch, few, "--no-early-stop")
+    assert asked.device_hours == pytest.approx(without.device_hours) and asked.probed == without.probed == few
+    assert f"early stopping off ({few} trials are too few: ASHA from {ASHA_MIN_TRIALS} trials)" in asked.assumed
+    # From min_trials on, ASHA stops trials: fewer hours, and only the trials that finish are probed.
+    asked, without = cpu_study(monkeypatch, enough, "--early-stop"), cpu_study(monkeypatch, enough, "--no-early-stop")
+    assert asked.device_hours < 0.8 * without.device_hours and asked.probed < without.probed == enough
+    assert "early stopping on (ASHA: rungs from progress report 4, each keeping 1/2)" in asked.assumed
+    # Off by default (the profile's early_stop.by_default), and the line says so.
+    assert cpu_study(monkeypatch, enough).device_hours == pytest.approx(without.device_hours)
+    assert "early stopping off (the profile's default; --early-stop turns it on)" in cpu_study(monkeypatch, enough).assumed
+
+
+@pytest.mark.parametrize(("trials", "cpus", "at_once"), [(1, 2, 1), (3, 4, 3), (8, 4, 4), (8, 2, 2)])
+def test_no_more_trials_run_at_once_than_there_are_trials(monkeypatch, trials, cpus, at_once):
+    result = cpu_study(monkeypatch, trials, "--budget", "2e12flops", cpus=cpus)
+    assert result.at_once == at_once and result.wall_hours == pytest.approx(result.device_hours / at_once)
+    assert f"on {at_once} CPU{'s' if at_once > 1 else ''})" in result.line()
+    assert result.assumed.endswith("1 trial at a time, 1 CPU each" if at_once == 1 else
+                                   f"{at_once} trials at once, 1 CPU each")
+
+
+def test_a_refs_budget_is_priced_at_the_flops_it_resolves_to_over_the_space(monkeypatch):
+    import random
+
+    import search.run as run
+    from space import load_space
+
+    refs = cpu_study(monkeypatch, 8, "--budget", "180refs")
+    # What 180 reference-core seconds are for architectures of the CPU space, one by one.
+    args = run.parse_args(["--profile", "cpu"])
+    checked = run.check_inputs(args)
+    space, rng = load_space(checked.space_path), random.Random(1)
+    flops = [Budget.parse("180refs").resolve(space.sample_random(rng), checked.train.mlm_rate).amount
+             for _ in range(200)]
+    assert min(flops) < 0.7 * max(flops)  # FLOPs differ by architecture: no one FLOP budget stands for it
+    lowest, highest = (cpu_study(monkeypatch, 8, "--budget", f"{amount:.6e}flops") for amount in (min(flops), max(flops)))
+    assert lowest.device_hours < refs.device_hours < highest.device_hours
+    mean = cpu_study(monkeypatch, 8, "--budget", f"{sum(flops) / len(flops):.6e}flops")
+    assert refs.device_hours == pytest.approx(mean.device_hours, rel=0.1)  # another 200 draws: near, not equal
+    assert "budget 180refs a trial = " in refs.assumed and "FLOPs on average over the space = " in refs.assumed
+    # Without a space (search.confirm's runs) or a recorded FLOP speed: one line, not a KeyError.
+    with pytest.raises(UsageError, match=r"^--estimate: 180refs is reference-core seconds"):
+        COSTS.train_seconds(Budget.parse("180refs"), "cpu.yaml")
+    with pytest.raises(UsageError, match=r"needs costs\.flops_per_s in gpu\.yaml"):
+        dataclasses.replace(COSTS, flops_per_s=None, reference_flops_per_s=4e10).train_seconds(Budget.parse("180refs"),
+                                                                                              "gpu.yaml")
+
+
+def test_the_estimate_says_what_it_assumed(monkeypatch):
+    result = cpu_study(monkeypatch, 8, "--budget", "2e12flops", "--controller", "tpe")
+    speed = yaml.safe_load((ROOT / "search" / "profiles" / "cpu.yaml").read_text())["costs"]["flops_per_s"]
+    lines = result.text().splitlines()
+    assert lines == [result.line(), f"assumed: {result.assumed}"]
+    assert lines[1] == (f"assumed: profile cpu.yaml; budget 2e12flops a trial = {2e12 / speed:.0f} s of training at "
+                        f"{speed:.1e} FLOP/s; early stopping off (the profile's default; --early-stop turns it on); "
+                        "controller tpe; 2 trials at once, 1 CPU each").replace("e+", "e")

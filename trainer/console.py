@@ -69,9 +69,28 @@ def choice_error(value: Any, choices: Iterable[Any]) -> str:
     return f"{value!r} is not one of {', '.join(names)}" + (f"; did you mean {close[0]}?" if close else "")
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's help with each flag's default at the end of its help, where the default says
+    something: not None (the help says what happens without the flag), not a switch's False or
+    True, and not where the help already names its default in words."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or isinstance(action.default, bool) or "default" in (action.help or "").lower():
+            return action.help
+        return super()._get_help_string(action)
+
+
 class CliParser(argparse.ArgumentParser):
     """argparse with every usage error as one `error:` line and exit 2, as for every other bad
-    input: no usage block above it, and a suggestion for a mistyped choice or flag."""
+    input: no usage block above it, and a suggestion for a mistyped choice or flag. `--help` shows
+    each flag's default (DefaultsHelpFormatter), and the description is the first paragraph of
+    what is given, whole: a module passes its docstring, and no sentence is cut at a line's end."""
+
+    def __init__(self, *args: Any, description: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        if description is not None:
+            description = " ".join(description.strip().split("\n\n")[0].split())
+        super().__init__(*args, description=description, **kwargs)
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         if action.choices is not None and value not in action.choices:

@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> CliParser:
+    """The command line of `python -m trainer.cram` (docs/cli.md is generated from it: docs/gen_cli.py)."""
     parser = CliParser(prog="python -m trainer.cram", description="Cram one architecture under a budget.")
     parser.add_argument("--config", help="run config YAML, e.g. trainer/configs/crammed-bert-cpu.yaml")
     parser.add_argument("--budget", help="60s, 5m, 24h (wall-clock), 2e7tokens, 1e15flops, cramming-day (the compute "
@@ -217,6 +218,11 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--validate-every", help="validation MLM loss cadence, kept in result.json's "
                         "validation_curve (30m, 2e8tokens) or off (default: 30m)")
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+    return parser
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)
     if not args.config and not args.resume:

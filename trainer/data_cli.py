@@ -34,8 +34,8 @@ def token_count(text: str) -> int:
     return int(count)
 
 
-@one_line_on_ctrl_c
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> CliParser:
+    """The command line of `python -m trainer.data` (docs/cli.md is generated from it: docs/gen_cli.py)."""
     parser = CliParser(
         prog="python -m trainer.data", description="Prepare (or find cached) pretraining data."
     )
@@ -45,16 +45,24 @@ def main(argv: list[str] | None = None) -> None:
             f"{config} for {corpus}" for corpus, config in HUB_CONFIGS.items()) + ")"
     )
     parser.add_argument("--name", help="which corpus of DATA/pretrain/ when there are several")
-    parser.add_argument("--text-column", default="text")
-    parser.add_argument("--vocab-size", type=int, default=32768)
-    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--text-column", default="text", help="the column of the corpus's files that holds the text")
+    parser.add_argument("--vocab-size", type=int, default=32768, help="tokens in the WordPiece vocabulary trained")
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per packed row, [CLS] and [SEP] included")
     parser.add_argument("--normalization", default="cramming", help=f"one of {', '.join(NORMALIZATIONS)}")
     parser.add_argument("--tokenizer-file", help="use this tokenizer.json instead of training one")
-    parser.add_argument("--tokenizer-sample-chars", type=int, default=TOKENIZER_SAMPLE_CHARS)
-    parser.add_argument("--max-validation-sequences", type=int, default=512)
+    parser.add_argument("--tokenizer-sample-chars", type=int, default=TOKENIZER_SAMPLE_CHARS,
+                        help="characters of the corpus the tokenizer is trained on, at most")
+    parser.add_argument("--max-validation-sequences", type=int, default=512,
+                        help="validation rows kept: the first N, the same set on every call")
     parser.add_argument("--max-tokens", type=token_count, metavar="N",
                         help="stop once the train rows hold N tokens, e.g. 2e9 (default: the whole corpus; "
                         f"{STREAM_DEFAULT_TOKENS:,} of a streamed hub corpus)")
+    return parser
+
+
+@one_line_on_ctrl_c
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
 

@@ -176,14 +176,19 @@ def log_to_mlflow(client, run_id: str, checkpoint: str | Path) -> str:
     return f"{client.get_run(run_id).info.artifact_uri}/{HF_ARTIFACT}"
 
 
-@one_line_on_ctrl_c
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> CliParser:
+    """The command line of `python -m trainer.export_hf` (docs/cli.md is generated from it: docs/gen_cli.py)."""
     parser = CliParser(prog="python -m trainer.export_hf",
                                      description="Export a cramnas checkpoint as a Hugging Face transformers model.")
     parser.add_argument("run_dir", help="checkpoint directory written by trainer.cram, e.g. runs/<name>")
     parser.add_argument("--out", required=True, help="export directory, e.g. hf/<name>")
     parser.add_argument("--force", action="store_true", help="replace an earlier export in --out")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@one_line_on_ctrl_c
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         out = export(args.run_dir, args.out, force=args.force)
     except CramnasError as error:
