@@ -95,11 +95,18 @@ def study_members(space, storage: str, name: str) -> list[tuple[str, ArchConfig]
     return [(source, config) for source, config in found if space.contains(config)]
 
 
-def read_table(path: Path) -> dict[str, dict]:
+def row_id(row: dict) -> tuple[str, str, str]:
+    """What identifies a cram of the table: where it came from, its seed and budget. Not its `key`,
+    whose fingerprint part a change of `ArchConfig.canonical` may respell (27 one-layer rows did):
+    a resume would cram those again."""
+    return row["source"], str(row["seed"]), row.get("budget") or row["key"].rsplit("|", 1)[1]
+
+
+def read_table(path: Path) -> dict[tuple[str, str, str], dict]:
     if not path.exists():
         return {}
     with path.open(newline="") as file:
-        return {row["key"]: row for row in csv.DictReader(file)}
+        return {row_id(row): row for row in csv.DictReader(file)}
 
 
 def main() -> None:
@@ -121,7 +128,7 @@ def main() -> None:
     extra = study_members(space, args.storage, args.study) if args.study else []
     plan = planned_rows(space, args.budget, args.rows, args.repeats, extra, args.profile)
     done = read_table(args.out)
-    todo = [row for row in plan if row["key"] not in done]
+    todo = [row for row in plan if row_id(row) not in done]
     print(f"{len(plan)} crams at {args.budget}: {len(todo)} to run, {len(plan) - len(todo)} in {args.out}; "
           f"{args.jobs} at once", flush=True)
     new_file = not args.out.exists()

@@ -5,7 +5,7 @@ truth `benchmarks/controller_efficiency.py` runs every controller against (NAS-B
 
 What it fits, and why:
 - rows: every cram with a loss (a row with an `error` or no loss is skipped); the target is the
-  mean validation loss of each architecture over its seeds (key prefix before the first "|"), one
+  mean validation loss of each architecture over its seeds (the fingerprint of its fields today), one
   row per architecture, so the few architectures crammed with 3 seeds do not weigh 3 times, and
   cross-validation over these rows is grouped by architecture by construction (no seed of a
   held-out architecture is ever trained on);
@@ -70,7 +70,7 @@ MODELS = {
 class Cram:
     """One row of the table that has a loss."""
 
-    architecture: str  # the key's prefix: the architecture's fingerprint
+    architecture: str  # the architecture's fingerprint, computed from its fields today
     source: str
     seed: int
     config: ArchConfig
@@ -96,7 +96,8 @@ def read_crams(path: str | Path) -> tuple[list[Cram], int]:
                 skipped += 1
                 continue
             config = ArchConfig.from_dict({name: _parse(row[name], kind) for name, kind in FIELD_TYPES.items()})
-            crams.append(Cram(row["key"].split("|", 1)[0], row["source"], int(row["seed"]), config, float(loss)))
+            # Today's fingerprint, not the stored key's: two spellings of one network are one architecture.
+            crams.append(Cram(config.fingerprint(), row["source"], int(row["seed"]), config, float(loss)))
     return crams, skipped
 
 

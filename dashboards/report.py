@@ -39,7 +39,7 @@ from search.params import params_under
 from search.retry import first_line
 from search.states import COMPLETE, FAILED, PRUNED, STATES
 from search.stores import study_storage
-from search.warm_start import COVER
+from search.warm_start import COVER, search_verdict
 from space.arch import ArchConfig, ArchError
 from space.errors import CramnasError
 from trainer.budget import Budget, BudgetError
@@ -270,7 +270,11 @@ class Report:
                          esc(architecture(r) + first_draw_mark(r)),
                          self.run_link(r["run_id"], r.get("run_name", r["run_id"]))])
         headers = ["rank", "trial", *labels, "regime", "tokens/s", "params", "architecture", "MLflow run"]
-        return table(headers, body, numeric=tuple(range(len(columns) + 2)) + tuple(range(len(columns) + 3, len(columns) + 5)))
+        ranked = self.score.sort(analysis.scored(self.trials, self.score))
+        verdict = search_verdict([(int(r["trial"]), float(r[self.score.column]), first_draw_mark(r))
+                                  for _, r in ranked.iterrows()], self.score.label)
+        numeric = tuple(range(len(columns) + 2)) + tuple(range(len(columns) + 3, len(columns) + 5))
+        return (f"<p>{esc(verdict[0].upper() + verdict[1:])}.</p>" if verdict else "") + table(headers, body, numeric=numeric)
 
     def confirmation(self) -> str:
         runs = self.data.confirmations
@@ -519,10 +523,10 @@ class ArtifactError(RuntimeError):
     pass
 
 
-@one_line_on_ctrl_c
-def main(argv: list[str] | None = None) -> int:
-    parser = CliParser(prog="python -m dashboards.report", description=__doc__.splitlines()[0])
-    parser.add_argument("--study", required=True)
+def build_parser() -> CliParser:
+    """The command line of `python -m dashboards.report` (docs/cli.md is generated from it: docs/gen_cli.py)."""
+    parser = CliParser(prog="python -m dashboards.report", description=__doc__)
+    parser.add_argument("--study", required=True, help="the study to report (its MLflow experiment)")
     parser.add_argument("--out", help="default: report-<study>.html, so each study keeps its own")
     parser.add_argument("--tracking-uri", help="default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     parser.add_argument("--storage", help="the Optuna study store (default: optuna.db beside a SQLite MLflow store)")
@@ -530,7 +534,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the MLflow UI is served, for run links (default: %(default)s)")
     parser.add_argument("--top", type=int, default=TOP_K, help="rows of the top-trials table (default: %(default)s)")
     parser.add_argument("--no-log", action="store_true", help="do not log the report to the study's MLflow run")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@one_line_on_ctrl_c
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.top < 1:
         print(f"error: --top: expected a positive number of rows, got {args.top}", file=sys.stderr)
         return 2

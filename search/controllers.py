@@ -40,6 +40,7 @@ from optuna.trial import FrozenTrial, TrialState
 from search import attrs
 from search.objectives import OBJECTIVES
 from search.states import COMPLETE, FAILED, FINISHED_STATES, REPEAT, STATES, state_of_trial
+from search.stopped import SeesStoppedTrials
 from space import ArchConfig, OptunaDraws, SearchSpace, mutate
 from space.errors import CramnasError
 
@@ -151,6 +152,9 @@ class Controller:
     # Whether a sampler made again with the same seed continues where the first left off: evolution
     # rebuilds its state from the trials. Optuna's samplers restart their random stream instead.
     resumes_exactly: bool = False
+    # Whether it learns from trials stopped early on its own (TPE ranks them by their intermediate
+    # values; random search learns nothing); the others see them through `SeesStoppedTrials`.
+    reads_stopped: bool = False
 
 
 def _tpe(space: SearchSpace, seed: int | None, startup: int | None) -> BaseSampler:
@@ -192,8 +196,9 @@ def _population(startup: int | None) -> int:
 
 
 CONTROLLERS: dict[str, Controller] = {
-    "tpe": Controller(_tpe, multi_objective=True),
-    "random": Controller(lambda space, seed, startup: optuna.samplers.RandomSampler(seed=seed), multi_objective=True),
+    "tpe": Controller(_tpe, multi_objective=True, reads_stopped=True),
+    "random": Controller(lambda space, seed, startup: optuna.samplers.RandomSampler(seed=seed), multi_objective=True,
+                         reads_stopped=True),
     "nsga2": Controller(lambda space, seed, startup: optuna.samplers.NSGAIISampler(population_size=_population(startup),
                                                                                    seed=seed), multi_objective=True),
     "cmaes": Controller(_cmaes, multi_objective=False),
@@ -208,9 +213,10 @@ DEFAULT_CONTROLLER = "gp"
 
 
 def make_sampler(controller: str, objective: str, space: SearchSpace, seed: int | None,
-                 startup: int | None = None) -> BaseSampler:
+                 startup: int | None = None, early_stop: bool = False) -> BaseSampler:
     """The sampler of `controller` for `objective`, modelling only after `startup` trials (the
-    study's first draw; None: the sampler's default); a one-line CramnasError names what is allowed."""
+    study's first draw; None: the sampler's default), and with `early_stop` also the trials
+    stopped early (`search.stopped.SeesStoppedTrials`); a one-line CramnasError names what is allowed."""
     if controller not in CONTROLLERS:
         raise CramnasError(f"--controller: unknown {controller!r}; allowed: {', '.join(CONTROLLERS)}")
     if objective not in OBJECTIVES:
@@ -220,7 +226,10 @@ def make_sampler(controller: str, objective: str, space: SearchSpace, seed: int 
         raise CramnasError(f"--objective {objective} has {len(OBJECTIVES[objective].directions)} objectives, "
                          f"which --controller {controller} cannot optimise; use --controller "
                          f"{' | '.join(allowed)} or a single --objective")
-    return CONTROLLERS[controller].make(space, seed, startup)
+    sampler = CONTROLLERS[controller].make(space, seed, startup)
+    if early_stop and not CONTROLLERS[controller].reads_stopped and not OBJECTIVES[objective].multi:
+        sampler = SeesStoppedTrials(sampler)
+    return sampler
 
 
 # ---- studies ----------------------------------------------------------------------------------
@@ -228,7 +237,7 @@ def make_sampler(controller: str, objective: str, space: SearchSpace, seed: int 
 def open_study(name: str, storage: str | BaseStorage | None, controller: str, objective: str,
                space: SearchSpace, seed: int | None = None, resume: bool = False,
                warm_starts: Sequence[tuple[str, ArchConfig]] = (), cover: bool = False,
-               trials: int | None = None) -> optuna.Study:
+               trials: int | None = None, early_stop: bool = False) -> optuna.Study:
     """Create study `name` in `storage`, or with `resume` reopen it with the same settings.
 
     A new study's first trials are queued here (`search.warm_start.first_draw`): the `warm_starts`
@@ -236,7 +245,8 @@ def open_study(name: str, storage: str | BaseStorage | None, controller: str, ob
     choice and bool; the sampler models only after them (its start-up trials, evolution's and
     NSGA-II's first population), a number stored with the study so that a resume builds the same.
     A study of fewer `trials` than that queues only its first `trials` (none left waiting), and a
-    resume to more trials does not add the rest: its sampler takes over after those."""
+    resume to more trials does not add the rest: its sampler takes over after those. With
+    `early_stop` the sampler models the trials that early stopping ends too (`make_sampler`)."""
     from search.warm_start import enqueue_first_draw, first_draw
 
     settings = {attrs.CONTROLLER: controller, attrs.OBJECTIVE: objective, attrs.SPACE: space.name, attrs.SEED: seed}
@@ -247,7 +257,7 @@ def open_study(name: str, storage: str | BaseStorage | None, controller: str, ob
             raise CramnasError(f"study {name} exists in {where}; pass --resume or choose another --study")
         draw = first_draw(space, warm_starts, cover, seed)[:trials]
         study = optuna.create_study(study_name=name, storage=storage,
-                                    sampler=make_sampler(controller, objective, space, seed, len(draw)),
+                                    sampler=make_sampler(controller, objective, space, seed, len(draw), early_stop),
                                     directions=list(OBJECTIVES[objective].directions))
         for key, value in {**settings, attrs.STARTUP: len(draw)}.items():
             study.set_user_attr(key, value)
@@ -259,7 +269,7 @@ def open_study(name: str, storage: str | BaseStorage | None, controller: str, ob
     stored = loaded.user_attrs
     if controller in CONTROLLERS and not CONTROLLERS[controller].resumes_exactly:
         seed = resumed_seed(seed, len(loaded.get_trials(deepcopy=False)))
-    sampler = make_sampler(controller, objective, space, seed, stored.get(attrs.STARTUP))
+    sampler = make_sampler(controller, objective, space, seed, stored.get(attrs.STARTUP), early_stop)
     study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     for key, value in settings.items():
         if stored.get(key) != value:

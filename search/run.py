@@ -35,13 +35,16 @@ if TYPE_CHECKING:  # imported for real only after the flags are checked (torch, 
 
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> CliParser:
+    """The command line of `python -m search.run` (docs/cli.md is generated from it: docs/gen_cli.py)."""
     from search.controllers import CONTROLLERS, DEFAULT_CONTROLLER
     from search.objectives import OBJECTIVES
 
     parser = CliParser(prog="python -m search.run", description="Search crammed BERT architectures.")
     parser.add_argument("--trials", type=int, default=200, help="trials in the study, in total (resume included)")
-    parser.add_argument("--controller", default=DEFAULT_CONTROLLER, choices=sorted(CONTROLLERS))
+    parser.add_argument("--controller", default=DEFAULT_CONTROLLER, choices=sorted(CONTROLLERS),
+                        help="the Optuna sampler that picks each next architecture (search/controllers.py says "
+                             "why gp is the default)")
     parser.add_argument("--space", help="search-space YAML (default: the device profile's)")
     parser.add_argument("--budget", help="per-trial budget: 60s, 5m, 2e7tokens, 1e15flops, 180refs, cramming-day ... "
                         "(default: the profile's)")
@@ -49,18 +52,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--study", help="study name (default: generated and printed)")
     parser.add_argument("--resume", action="store_true", help="continue --study to --trials")
     parser.add_argument("--max-concurrent", type=int, help="trials at once (default: what the resources allow)")
-    parser.add_argument("--gpus-per-trial", type=float)
-    parser.add_argument("--cpus-per-trial", type=float)
+    parser.add_argument("--gpus-per-trial", type=float,
+                        help="GPUs each trial holds, 0.5 for two trials on a GPU (default: the profile's "
+                             "resources.gpus_per_trial: cpu 0, gpu 1)")
+    parser.add_argument("--cpus-per-trial", type=float,
+                        help="CPU cores each trial holds (default: the profile's resources.cpus_per_trial: cpu 1, "
+                             "gpu auto, the node's CPUs per GPU up to 8)")
     parser.add_argument("--address", help="join a Ray cluster: auto or HOST:PORT (default: start Ray locally)")
     parser.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     parser.add_argument("--storage", help="Optuna study storage (default: optuna.db beside a SQLite MLflow store)")
     add_data_arguments(parser)
-    parser.add_argument("--no-early-stop", action="store_true", help="no ASHA: every trial runs its full budget")
+    stopping = parser.add_mutually_exclusive_group()
+    stopping.add_argument("--early-stop", dest="early_stop", action="store_true", default=None,
+                          help="ASHA over each trial's progress reports, with the profile's rungs (default: the "
+                               "profile's early_stop.by_default, off in cpu and gpu: benchmarks/RESULTS.md, \"Rungs\")")
+    stopping.add_argument("--no-early-stop", dest="early_stop", action="store_false",
+                          help="no ASHA: every trial runs its full budget (the default)")
     parser.add_argument("--no-probe", action="store_true", help="skip the GLUE probe (objective mlm only)")
     parser.add_argument("--save-checkpoints", action="store_true",
                         help="write each trial's trained model to checkpoints/<study>/t0007/ beside the MLflow "
                              "store (tag cramnas.checkpoint)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the controller and the covering design: the same seed and flags propose the "
+                             "same architectures (each trial trains with the run config's train.seed)")
     parser.add_argument("--warm-start", default="profile", metavar="profile|none|study:NAME[:K]",
                         help="a new study's first trials: the profile's hand designs (default), none, or the top K "
                              "(default 5) trials of an earlier study in the same storage; a covering design that "
@@ -74,7 +88,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--target", help="the same for search.confirm --target, e.g. 30x or 6e13flops")
     parser.add_argument("--profile", help="device profile: cpu, gpu or a profile YAML (default: gpu if CUDA is present)")
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def _beside(profile: Path, name: str, default_dir: Path) -> Path:
@@ -113,10 +131,13 @@ def load_profile(path: Path) -> dict[str, Any]:
         if not isinstance(profile.get(key), kind):
             raise UsageError(f"--profile: {path.name} needs {key} ({kind.__name__}), got {profile.get(key)!r}; {fix}")
     for section, keys in (("probe", ("tasks", "limits")), ("resources", ("cpus_per_trial", "gpus_per_trial")),
-                          ("early_stop", ("grace_reports", "reduction_factor"))):
+                          ("early_stop", ("by_default", "grace_reports", "reduction_factor"))):
         missing = [key for key in keys if key not in profile[section]]
         if missing:
             raise UsageError(f"--profile: {path.name}: {section} lacks {', '.join(missing)}; {fix}")
+    if not isinstance(profile["early_stop"]["by_default"], bool):
+        raise UsageError(f"--profile: {path.name}: early_stop.by_default must be true or false, got "
+                         f"{profile['early_stop']['by_default']!r}; {fix}")
     min_trials = profile["early_stop"].get("min_trials", ASHA_MIN_TRIALS)
     if not isinstance(min_trials, int) or isinstance(min_trials, bool) or min_trials < 1:
         raise UsageError(f"--profile: {path.name}: early_stop.min_trials must be a whole number of trials, at least "
@@ -286,8 +307,8 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
                 raise UsageError(f"--data: the probe's GLUE task {task.name} ({profile_path.name}: probe.tasks): "
                                  f"{reason}; add it, drop it from probe.tasks, or pass --no-probe --objective mlm")
         probe = Probe(tuple(task.name for task in tasks), {**profile["probe"]["limits"], "data_dir": args.data})
-    early_stop = None if args.no_early_stop or objective.multi else {"min_trials": ASHA_MIN_TRIALS,
-                                                                      **profile["early_stop"]}
+    wanted = profile["early_stop"]["by_default"] if args.early_stop is None else args.early_stop
+    early_stop = None if not wanted or objective.multi else {"min_trials": ASHA_MIN_TRIALS, **profile["early_stop"]}
     ladder = None
     if args.ladder is not None or args.target is not None:
         from search import ladder as ladders
@@ -338,7 +359,8 @@ def make_plan(args: argparse.Namespace) -> StudyPlan:
                          checkpoint_dir=str(checkpoints) if checkpoints else None)
     # Last, once everything else is known good: creates the study, or reopens it to resume.
     optuna_study = controllers.open_study(study, storage, args.controller, args.objective, space, args.seed,
-                                          args.resume, warm_starts=warm, cover=not args.no_cover, trials=args.trials)
+                                          args.resume, warm_starts=warm, cover=not args.no_cover, trials=args.trials,
+                                          early_stop=checked.early_stop is not None)
     return StudyPlan(study, optuna_study, args.resume, args.trials, args.controller, checked.objective, space,
                 checked.space_path, budget, template, checked.resources, args.max_concurrent, checked.early_stop,
                 tracking_uri, storage, args.address, args.seed, unigram_floor=data.unigram_floor,
@@ -367,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.estimate:
             from search.estimate import study_estimate
 
-            print(study_estimate(check_inputs(args), args.trials, args.max_concurrent).line())
+            print(study_estimate(check_inputs(args), args.trials, args.max_concurrent, args.controller).text())
             return 0
         plan = make_plan(args)
     # Every cramnas user error is a CramnasError (SpaceError, BudgetError, ConfigError, DataError,

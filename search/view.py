@@ -21,7 +21,9 @@ from search.export import ranked_trials
 from search.searcher import TrialOutcome
 from search.spec import StudyPlan
 from search.states import COMPLETE, FAILED, PRUNED, REPEAT
+from search.stopped import study_rung_ranking
 from search.tracking import StudyTracker
+from search.warm_start import search_verdict
 from space.arch import ArchConfig
 from trainer.console import duration, eta, floor_gap, is_terminal
 from trainer.regimes import regime_of
@@ -182,6 +184,15 @@ class StudyView:
         first = [f"trial {t.number}{first_draw_mark(t.user_attrs)}" for t in trials[:top] if first_draw_mark(t.user_attrs)]
         if first:
             print(f"of the study's first draw: {', '.join(first)}")
+        verdict = search_verdict([(t.number, t.user_attrs[attrs.METRICS][key], first_draw_mark(t.user_attrs))
+                                  for t in trials], key)
+        if verdict:
+            print(verdict)
+        ranks = study_rung_ranking(self.study) if not self.plan.objective.multi else []
+        if ranks:  # what early stopping at each report would have kept (benchmarks/RESULTS.md, "Rungs")
+            print(f"how the train loss at each progress report ranked the final {key} over the study's "
+                  f"{max(r.trials for r in ranks)} complete trials (Spearman, by report): "
+                  + ", ".join(f"{r.report}: {r.spearman:.2f}" for r in ranks))
         print(f"{references_text(self.plan)}: a trial that ends no lower than the first learned nothing beyond "
               "frequencies and copying the unchanged tokens")
         counts = ", ".join(f"{number} {state}" for state, number in self.counts.items() if number)

@@ -131,3 +131,23 @@ def describe_first_draw(study) -> str | None:
         parts.append(f"a covering design of {covering} trial{'s' if covering != 1 else ''} in which every value of "
                      "every choice is trained")
     return "first draw: " + " and ".join(parts) + "; the controller takes over after them"
+
+
+def search_verdict(ranked: Sequence[tuple[int, float, str]], metric: str) -> str | None:
+    """Whether the controller found anything the first draw had not: `ranked` holds (trial, value
+    of `metric`, first-draw mark) best first, the mark being `first_draw_mark`'s text (` (warm
+    start sized-cpu)`, ` (cover)` or empty for the controller's own trials). None when either
+    kind of trial is missing."""
+    own = [row for row in ranked if not row[2]]
+    first = [row for row in ranked if row[2]]
+    if not own or not first:
+        return None
+    best, runner = ranked[0], (own if ranked[0][2] else first)[0]
+    gap = abs(best[1] - runner[1])
+    if best[2]:
+        kind = best[2].strip(" ()")
+        return (f"the search found nothing better than its first draw in {len(own)} trials of its own: the best "
+                f"trial is trial {best[0]} ({kind}); the controller's best, trial {runner[0]}, is {gap:.3f} behind "
+                f"by {metric}")
+    return (f"the search beat its first draw: trial {best[0]}, the controller's, is {gap:.3f} ahead by {metric} of the "
+            f"first draw's best, trial {runner[0]}{runner[2]}")

@@ -147,3 +147,22 @@ def test_report_names_the_fields_and_the_cap(fitted, tmp_path):
     assert "| random | plain | 2 | " in text and "| - | - |" in text  # reads beyond the cap are "-"
     assert controller_efficiency.median_trials([3, None, None], 10) == ">10"
     assert controller_efficiency.median_trials([3, 5, None], 10) == "5"
+
+
+def test_a_respelled_fingerprint_neither_recrams_nor_splits_an_architecture(tmp_path):
+    """A row whose stored key has yesterday's fingerprint (before `ArchConfig.canonical` respelled
+    a window that changes no layer) is the same cram to a resume and the same architecture to the
+    surrogate."""
+    table = write_table(tmp_path / "cram_table.csv", architectures=4, repeated=1)
+    rows = list(csv.DictReader(table.open()))
+    rows[0]["key"] = "0ldf1ngerpr1|" + rows[0]["key"].split("|", 1)[1]
+    with table.open("w", newline="") as file:
+        writer = csv.DictWriter(file, cram_table.COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    space = load_space(default_space_path("cpu"))
+    config = space.sample_random(random.Random(0))  # write_table's first architecture
+    planned = {"key": f"{config.fingerprint()}|0|2e12flops", "source": "design:0", "seed": 0, "arch": config}
+    assert cram_table.row_id(planned) in cram_table.read_table(table)
+    crams, _ = surrogates.read_crams(table)
+    assert crams[0].architecture == config.fingerprint() == crams[4].architecture  # seeds 0 and 1 of design:0

@@ -12,7 +12,7 @@ import yaml
 
 from search import attrs
 from search.controllers import CONTROLLERS, ask, open_study, tell
-from search.warm_start import describe_first_draw, hand_designs, parse_spec, warm_starts
+from search.warm_start import describe_first_draw, hand_designs, parse_spec, search_verdict, warm_starts
 from space import load_space
 from space.design import categorical_params, covering_design, covering_size, optuna_params, uncovered
 from space.errors import UsageError
@@ -131,3 +131,15 @@ def test_an_unknown_study_and_a_non_member_are_said(tmp_path):
     assert warm_starts("profile", {"warm_start": ["sized-cpu"]}, tiny, warn=said.append) == []
     assert len(said) == 1 and "sized-cpu left out: not a member" in said[0]
     assert warm_starts("none", {"warm_start": ["sized-cpu"]}, CPU) == []
+
+
+def test_a_study_says_when_its_best_trial_is_of_the_first_draw():
+    warm_best = [(0, 5.04, " (warm start sized-cpu)"), (14, 5.53, ""), (4, 5.6, " (cover)"), (20, 5.7, "")]
+    line = search_verdict(warm_best, "validation_loss")
+    assert line.startswith("the search found nothing better than its first draw in 2 trials of its own")
+    assert "trial 0 (warm start sized-cpu)" in line and "trial 14, is 0.490 behind" in line
+    own_best = [(21, 4.155, ""), (0, 5.042, " (warm start sized-cpu)")]
+    assert search_verdict(own_best, "validation_loss") == (
+        "the search beat its first draw: trial 21, the controller's, is 0.887 ahead by validation_loss of the first "
+        "draw's best, trial 0 (warm start sized-cpu)")
+    assert search_verdict([(0, 5.0, " (cover)")], "validation_loss") is None  # the controller has not drawn yet
