@@ -65,7 +65,8 @@ def build_parser() -> CliParser:
     stopping = parser.add_mutually_exclusive_group()
     stopping.add_argument("--early-stop", dest="early_stop", action="store_true", default=None,
                           help="ASHA over each trial's progress reports, with the profile's rungs (default: the "
-                               "profile's early_stop.by_default, off in cpu and gpu: benchmarks/RESULTS.md, \"Rungs\")")
+                               "profile's early_stop.by_default, off in cpu and gpu: benchmarks/RESULTS.md, "
+                               "\"The study a user runs\")")
     stopping.add_argument("--no-early-stop", dest="early_stop", action="store_false",
                           help="no ASHA: every trial runs its full budget (the default)")
     parser.add_argument("--no-probe", action="store_true", help="skip the GLUE probe (objective mlm only)")

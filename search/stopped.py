@@ -9,8 +9,9 @@ study's own complete trials predict from the loss it had when it was stopped (a 
 through their (loss at that report, final value) pairs, refit at every draw). TPE needs no wrapper:
 it ranks pruned trials by their intermediate values itself.
 
-`rung_ranking` is the measurement behind the default (benchmarks/RESULTS.md, "Rungs"): over trials
-that ran to the end, how well the train loss at each progress report ranks the final objective.
+`rung_ranking` is the measurement behind the default (benchmarks/RESULTS.md, "The study a user
+runs"): over trials that ran to the end, how well the train loss at each progress report ranks the
+final objective.
 """
 
 from __future__ import annotations

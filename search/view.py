@@ -189,7 +189,7 @@ class StudyView:
         if verdict:
             print(verdict)
         ranks = study_rung_ranking(self.study) if not self.plan.objective.multi else []
-        if ranks:  # what early stopping at each report would have kept (benchmarks/RESULTS.md, "Rungs")
+        if ranks:  # what early stopping at each report would have kept (benchmarks/RESULTS.md, "The study a user runs")
             print(f"how the train loss at each progress report ranked the final {key} over the study's "
                   f"{max(r.trials for r in ranks)} complete trials (Spearman, by report): "
                   + ", ".join(f"{r.report}: {r.spearman:.2f}" for r in ranks))

@@ -1,0 +1,330 @@
+"""The study a user runs, measured (issue 38): the README's 32-trial command at three controller
+seeds, its winners confirmed with fresh seeds beside sized-cpu, and how well each progress report
+ranks the final loss (the measurement behind early stopping's default).
+
+    # after  python -m search.run --trials 32 --budget 2e12flops --data ../shared/data --no-probe --seed S --study default-sS
+    # and    python -m search.confirm --study default-sS --top 1 --seeds 3 --baselines sized-cpu --data ../shared/data
+    python benchmarks/default_study.py export --study default-s0 --storage sqlite:///optuna.db --tracking-uri sqlite:///mlflow.db
+    # sized-cpu at 2x and 4x with the confirmation seeds (python -m trainer.cram ... --seed 1001 --out DIR)
+    python benchmarks/default_study.py export-crams --name sized-cpu-ladder --configuration sized-cpu DIR [DIR ...]
+    python benchmarks/default_study.py report        # the RESULTS tables, from benchmarks/crams/ alone
+
+Every cram behind the tables is a row of a small CSV under benchmarks/crams/, keyed by (study,
+trial) or by (configuration, budget, seed): never by the architecture's fingerprint, which a change
+of `ArchConfig.canonical` may respell. `report` reads nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from search.estimate import asha_rungs
+from search.paths import PROFILES
+from search.run import load_profile
+from search.stats import mean_interval
+from search.stopped import rung_ranking
+from space.arch import ArchConfig
+
+CRAMS = Path(__file__).resolve().parent / "crams"
+TRIAL_COLUMNS = ["study", "trial", "state", "first_draw", "repeat_of", "architecture", "validation_loss",
+                 "nats_below_floor", "corruption_floor", "context_reference", "tokens", "flops_per_token", "seconds",
+                 "curve", "arch"]
+RUN_COLUMNS = ["name", "kind", "configuration", "budget", "seed", "validation_loss", "tokens", "flops_per_token",
+               "seconds"]
+BASELINE = "sized-cpu"
+ASHA = load_profile(PROFILES / "cpu.yaml")["early_stop"]  # the rungs `search.run --early-stop` uses
+
+
+# ---- export: the stores of one study into benchmarks/crams/ -------------------------------------
+
+def export_study(study_name: str, storage: str, tracking_uri: str | None) -> list[Path]:
+    import optuna
+
+    from search import attrs
+    from search.states import state_of_trial
+    from search.view import first_draw_mark
+
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    rows = []
+    for trial in study.get_trials(deepcopy=False):
+        user, metrics = trial.user_attrs, trial.user_attrs.get(attrs.METRICS, {})
+        arch = user.get(attrs.ARCH)
+        rows.append({"study": study_name, "trial": trial.number, "state": state_of_trial(trial),
+                     "first_draw": first_draw_mark(user).strip(" ()"), "repeat_of": user.get(attrs.REPEAT_OF, ""),
+                     "architecture": ArchConfig.from_dict(arch).describe() if arch else "",
+                     **{key: metrics.get(key, "") for key in TRIAL_COLUMNS[6:13]},
+                     "curve": " ".join(f"{loss:.5f}" for _, loss in user.get(attrs.INTERMEDIATE, [])),
+                     "arch": json.dumps(arch, sort_keys=True) if arch else ""})
+    written = [write(CRAMS / f"{study_name}.csv", TRIAL_COLUMNS, rows)]
+    if tracking_uri:
+        written.append(write(CRAMS / f"{study_name}-confirm.csv", RUN_COLUMNS, confirmation_rows(study_name, tracking_uri)))
+    return written
+
+
+def confirmation_rows(study_name: str, tracking_uri: str) -> list[dict]:
+    """search.confirm's runs of the study: each candidate (`trial N`) and baseline at each seed."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    runs = mlflow.search_runs(experiment_names=[study_name])
+    rows = []
+    for _, run in runs.iterrows():
+        if run.get("tags.cramnas.kind") not in ("confirmation", "baseline") or run.get("tags.cramnas.state") != "complete":
+            continue
+        kind = run["tags.cramnas.kind"]
+        configuration = run["tags.cramnas.baseline"] if kind == "baseline" else f"trial {run['tags.cramnas.original_trial']}"
+        rows.append({"name": study_name, "kind": kind, "configuration": configuration,
+                     "budget": run["params.budget"] if "params.budget" in run else "", "seed": run["tags.cramnas.seed"],
+                     **{key: run.get(f"metrics.{key}", "") for key in RUN_COLUMNS[5:]}})
+    return sorted(rows, key=lambda row: (row["configuration"], row["budget"], int(row["seed"])))
+
+
+def export_crams(name: str, configuration: str, run_dirs: list[str]) -> Path:
+    """trainer.cram runs of `configuration` (each directory's result.json) as rows of `<name>.csv`."""
+    rows = []
+    for run_dir in run_dirs:
+        result = json.loads((Path(run_dir) / "result.json").read_text())
+        rows.append({"name": name, "kind": "baseline", "configuration": configuration, "budget": result["budget"],
+                     "seed": result["seed"], **{key: result[key] for key in RUN_COLUMNS[5:]}})
+    return write(CRAMS / f"{name}.csv", RUN_COLUMNS, sorted(rows, key=lambda row: (row["budget"], int(row["seed"]))))
+
+
+def write(path: Path, columns: list[str], rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as out:
+        writer = csv.DictWriter(out, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+# ---- report: the tables, from the CSVs alone --------------------------------------------------
+
+def read(path: Path) -> list[dict]:
+    with path.open(newline="") as rows:
+        return list(csv.DictReader(rows))
+
+
+def studies(crams: Path = CRAMS) -> dict[str, list[dict]]:
+    return {path.stem: read(path) for path in sorted(crams.glob("default-s[0-9]*.csv")) if "-confirm" not in path.stem}
+
+
+def trained(rows: list[dict]) -> list[dict]:
+    """The trials that trained to their end (repeats copy an earlier trial's result)."""
+    return [row for row in rows if row["state"] == "complete" and row["validation_loss"]]
+
+
+def curve(row: dict) -> dict[int, float]:
+    return {step: float(loss) for step, loss in enumerate(row["curve"].split(), start=1)}
+
+
+def rung_table(all_rows: dict[str, list[dict]]) -> str:
+    """Spearman of the train loss at each report with the final validation loss, over the distinct
+    architectures of every study (the first trial of each)."""
+    distinct: dict[str, dict] = {}
+    for rows in all_rows.values():
+        for row in trained(rows):
+            distinct.setdefault(row["arch"], row)
+    rows = list(distinct.values())
+    # Off the plateau (more than 0.05 nats below the corruption floor: trainer/regimes.py) is where
+    # winners are; there a report must rank more than "left the plateau or not".
+    off = [row for row in rows if float(row["nats_below_floor"]) > 0.05]
+    ranks = rung_ranking([curve(row) for row in rows], [float(row["validation_loss"]) for row in rows])
+    ranks_off = {rank.report: rank for rank in rung_ranking([curve(row) for row in off],
+                                                            [float(row["validation_loss"]) for row in off])}
+    reports = max(len(curve(row)) for row in rows)
+    asha = asha_rungs(ASHA["grace_reports"], ASHA["reduction_factor"], reports + 1)
+    lines = [f"Over {len(rows)} distinct architectures ({described(rows)}), trained to the end at 2e12 FLOPs, "
+             f"{len(off)} of them off the plateau:", "",
+             "| report | of the budget | Spearman with the final loss, all (95% bootstrap) | off the plateau only |",
+             "|---|---|---|---|"]
+    for rank in ranks:
+        mark = " (a rung of --early-stop)" if rank.report in asha else ""
+        other = ranks_off.get(rank.report)
+        lines.append(f"| {rank.report}{mark} | {rank.report / (reports + 1):.0%} | {rank.spearman:.2f} "
+                     f"({rank.low:.2f} to {rank.high:.2f}) | "
+                     + (f"{other.spearman:.2f} ({other.low:.2f} to {other.high:.2f}) |" if other else "- |"))
+    return "\n".join(lines)
+
+
+REPLAYED = ((1, 2), (2, 2), (4, 2), (4, 3), (8, 2))  # (grace reports, reduction factor)
+
+
+def replay_table(all_rows: dict[str, list[dict]]) -> str:
+    """ASHA replayed with other rungs on each study's trials: what it keeps and what it spends."""
+    lines = ["| study | " + " | ".join(f"grace {g}, reduction {f}" for g, f in REPLAYED) + " |",
+             "|---|" + "---|" * len(REPLAYED)]
+    for name, rows in all_rows.items():
+        cells = []
+        for grace, factor in REPLAYED:
+            replay = asha_replay(rows, grace, factor)
+            kept = "best kept" if replay["keeps_best"] else f"best lost (kept {float(replay['best_kept']['validation_loss']):.3f})"
+            cells.append(f"{replay['kept']} of {replay['trials']} run to the end, {kept}, {replay['flops_share']:.0%} of the FLOPs")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def described(rows: list[dict]) -> str:
+    archs = [json.loads(row["arch"]) for row in rows]
+
+    def count(field: str) -> str:
+        values = sorted({str(arch[field]) for arch in archs})
+        return f"{len(values)} {field} values"
+
+    sizes = {(arch["layers"], arch["hidden"]) for arch in archs}
+    return f"{len(sizes)} layers x hidden sizes, {count('position')}, {count('norm_placement')}, {count('ffn_kind')}"
+
+
+def asha_replay(rows: list[dict], grace: int, factor: int) -> dict:
+    """ASHA's rule replayed on a study's trials in trial order: at each rung a trial goes on while
+    its loss there is no worse than the 1/factor quantile of the losses recorded at that rung so
+    far, itself included (ray.tune.schedulers.AsyncHyperBandScheduler). Which trials it would have
+    stopped, whether it keeps the study's best, and the FLOPs it would have spent. The controller
+    would have drawn other trials after the first stop: this judges the rule on these trials only."""
+    done = sorted(trained(rows), key=lambda row: int(row["trial"]))
+    reports = max(len(curve(row)) for row in done)
+    rungs = [rung for rung in asha_rungs(grace, factor, reports + 1) if rung <= reports]
+    recorded: dict[int, list[float]] = {rung: [] for rung in rungs}
+    kept, spent, full = [], 0.0, 0.0
+    for row in done:
+        losses, flops = curve(row), float(row["tokens"]) * float(row["flops_per_token"])
+        full += flops
+        stopped_at = None
+        for rung in rungs:
+            recorded[rung].append(losses[rung])
+            if losses[rung] > np.percentile(recorded[rung], 100 / factor):
+                stopped_at = rung
+                break
+        spent += flops * (stopped_at / (reports + 1) if stopped_at else 1.0)
+        if stopped_at is None:
+            kept.append(row)
+    best = min(done, key=lambda row: float(row["validation_loss"]))
+    best_kept = min(kept, key=lambda row: float(row["validation_loss"]))
+    return {"trials": len(done), "kept": len(kept), "keeps_best": best in kept, "best": best, "best_kept": best_kept,
+            "flops_share": spent / full}
+
+
+def study_table(all_rows: dict[str, list[dict]]) -> str:
+    lines = ["| study | trials trained | best trial | its loss | first draw's best | controller's best | "
+             f"controller's trials 0.1 nats below {BASELINE} | FLOPs | ASHA replayed (grace {ASHA['grace_reports']}, "
+             f"reduction {ASHA['reduction_factor']}): kept, keeps the best?, FLOPs |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, rows in all_rows.items():
+        done = trained(rows)
+        best = min(done, key=lambda row: float(row["validation_loss"]))
+        first = [row for row in done if row["first_draw"]]
+        own = [row for row in done if not row["first_draw"]]
+        baseline = next(float(row["validation_loss"]) for row in done if row["first_draw"] == f"warm start {BASELINE}")
+        flops = sum(float(row["tokens"]) * float(row["flops_per_token"]) for row in done)
+        replay = asha_replay(rows, ASHA["grace_reports"], ASHA["reduction_factor"])
+        best_first, best_own = (min(group, key=lambda row: float(row["validation_loss"])) for group in (first, own))
+        lines.append(
+            f"| {name} | {len(done)} | {best['trial']} {best['architecture']}{' (' + best['first_draw'] + ')' if best['first_draw'] else ''} "
+            f"| {float(best['validation_loss']):.3f} | {float(best_first['validation_loss']):.3f} ({best_first['first_draw']}) "
+            f"| {float(best_own['validation_loss']):.3f} | {sum(float(row['validation_loss']) < baseline - 0.1 for row in own)} of {len(own)} "
+            f"| {flops:.3g} | {replay['kept']} of {replay['trials']}, {'yes' if replay['keeps_best'] else 'no: best kept ' + format(float(replay['best_kept']['validation_loss']), '.3f')}, "
+            f"{replay['flops_share']:.0%} |")
+    return "\n".join(lines)
+
+
+def seeds(rows: list[dict], configuration: str, budget: str) -> dict[int, float]:
+    return {int(row["seed"]): float(row["validation_loss"]) for row in rows
+            if row["configuration"] == configuration and row["budget"] == budget and row["validation_loss"]}
+
+
+def interval_text(values: list[float]) -> str:
+    mean, half = mean_interval(values)
+    return f"{mean:.3f} ± {half:.3f}" if half is not None else f"{mean:.3f}"
+
+
+def equivalent_multiple(loss: float, ladder: dict[float, float]) -> str:
+    """The compute multiple at which sized-cpu's mean loss reaches `loss`, linear in log-compute
+    between the measured multiples (Primer's compute-equivalent multiple)."""
+    points = sorted(ladder.items())
+    if loss >= points[0][1]:
+        return "1x or less"
+    for (low_m, low_loss), (high_m, high_loss) in zip(points, points[1:], strict=False):
+        if high_loss <= loss <= low_loss:
+            share = (low_loss - loss) / (low_loss - high_loss)
+            return f"{math.exp(math.log(low_m) + share * (math.log(high_m) - math.log(low_m))):.1f}x"
+    return f"more than {points[-1][0]:g}x"
+
+
+def confirmation_table(all_rows: dict[str, list[dict]], budget: str = "2e12flops") -> str:
+    ladder_rows = read(CRAMS / f"{BASELINE}-ladder.csv") if (CRAMS / f"{BASELINE}-ladder.csv").is_file() else []
+    # The baseline is crammed once per seed: its runs are the same cram whichever study confirmed them.
+    confirmed = {name: read(CRAMS / f"{name}-confirm.csv") for name in all_rows if (CRAMS / f"{name}-confirm.csv").is_file()}
+    theirs = {seed: loss for runs in confirmed.values() for seed, loss in seeds(runs, BASELINE, budget).items()}
+    lines = [f"| study | winner | winner, 3 fresh seeds | {BASELINE}, same seeds | paired (winner - {BASELINE}) | "
+             f"{BASELINE}'s compute for the winner's loss | search FLOPs in final runs | payback (final runs) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, runs in confirmed.items():
+        rows = all_rows[name]
+        candidate = next(row["configuration"] for row in runs if row["kind"] == "confirmation")
+        ours = seeds(runs, candidate, budget)
+        pairs = [ours[seed] - theirs[seed] for seed in sorted(ours.keys() & theirs.keys())]
+        mean, half = mean_interval(pairs)
+        verdict = "outside noise" if half is not None and abs(mean) > half else "within noise"
+        ladder = {1.0: statistics.mean(theirs.values())}
+        for multiple in (2, 4, 8):
+            at = seeds(ladder_rows, BASELINE, f"{multiple * 2}e12flops")
+            if at:
+                ladder[float(multiple)] = statistics.mean(at.values())
+        winner_loss = statistics.mean(ours.values())
+        multiple = equivalent_multiple(winner_loss, ladder)
+        final = 2e12
+        # The search's compute, as benchmarks/accounting.py counts it: every trial it trained and the
+        # winner's confirmations (a user runs both before the final cram).
+        search_flops = sum(float(row["tokens"]) * float(row["flops_per_token"])
+                           for row in [*trained(rows), *(run for run in runs if run["configuration"] == candidate)])
+        runs_k = search_flops / final
+        # K / (multiple - 1) final runs (benchmarks/accounting.py's payback); past the ladder's top, a bound.
+        top = multiple.startswith("more than")
+        factor = float(multiple.removeprefix("more than ").rstrip("x")) if multiple[0].isdigit() or top else None
+        payback = (f"{'under ' if top else ''}{runs_k / (factor - 1):.1f}" if factor and factor > 1 else "never")
+        lines.append(f"| {name} | {candidate} | {interval_text(list(ours.values()))} | {interval_text(list(theirs.values()))} "
+                     f"| {mean:+.3f} ± {half:.3f}, {verdict} | {multiple} | {runs_k:.1f} | {payback} |")
+    ladder_text = ", ".join(f"{budget}: {interval_text(list(seeds(ladder_rows, BASELINE, budget).values()))}"
+                            for budget in ("4e12flops", "8e12flops") if seeds(ladder_rows, BASELINE, budget))
+    return "\n".join(lines) + (f"\n\n{BASELINE} up the compute axis, same seeds: {ladder_text}." if ladder_text else "")
+
+
+def report() -> str:
+    all_rows = studies()
+    return "\n\n".join(["### Each study", study_table(all_rows), "### Winners confirmed", confirmation_table(all_rows),
+                        "### Rungs: how well a progress report ranks the end", rung_table(all_rows),
+                        "### ASHA replayed with other rungs", replay_table(all_rows)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    export = commands.add_parser("export", help="one study's trials (and its confirmations) into benchmarks/crams/")
+    export.add_argument("--study", required=True)
+    export.add_argument("--storage", required=True, help="its Optuna storage, e.g. sqlite:///optuna.db")
+    export.add_argument("--tracking-uri", help="its MLflow store, for search.confirm's runs")
+    crams = commands.add_parser("export-crams", help="trainer.cram run directories into benchmarks/crams/<name>.csv")
+    crams.add_argument("--name", required=True)
+    crams.add_argument("--configuration", required=True, help="what was crammed, e.g. sized-cpu")
+    crams.add_argument("runs", nargs="+")
+    commands.add_parser("report", help="the tables, from benchmarks/crams/ alone")
+    args = parser.parse_args(argv)
+    if args.command == "export":
+        for path in export_study(args.study, args.storage, args.tracking_uri):
+            print(f"wrote {path}")
+    elif args.command == "export-crams":
+        print(f"wrote {export_crams(args.name, args.configuration, args.runs)}")
+    else:
+        print(report())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
