@@ -142,7 +142,7 @@ class RungRank:
     report: int  # the progress report's index (1-based)
     trials: int  # complete trials with a loss at this report
     spearman: float
-    low: float  # 95% bootstrap interval over the trials
+    low: float  # 95% bootstrap interval over the trials (NaN when none was drawn)
     high: float
 
     def text(self) -> str:
@@ -165,6 +165,7 @@ def rung_ranking(curves: Sequence[dict[int, float]], finals: Sequence[float], re
         rho = _spearman(pairs)
         if math.isnan(rho):  # every trial read the same there: nothing is ranked
             continue
+        # No resamples: no interval (a caller that prints only the correlation skips the bootstrap).
         draws = sorted(_spearman([rng.choice(pairs) for _ in pairs]) for _ in range(resamples))
         draws = [d for d in draws if not math.isnan(d)] or [math.nan]
         ranks.append(RungRank(report, len(pairs), rho, draws[int(0.025 * (len(draws) - 1))],
@@ -183,7 +184,8 @@ def _spearman(pairs: Sequence[tuple[float, float]]) -> float:
 
 def study_rung_ranking(study: optuna.Study) -> list[RungRank]:
     """`rung_ranking` over a single-objective study's complete trials that have a progress curve
-    (repeats and warm-started copies carry none of their own)."""
+    (repeats and warm-started copies carry none of their own), without intervals: the study's final
+    table prints the correlations alone."""
     trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
               if len(t.values) == 1 and attrs.REPEAT_OF not in t.user_attrs and curve_of(t)]
-    return rung_ranking([curve_of(t) for t in trials], [t.values[0] for t in trials], resamples=500)
+    return rung_ranking([curve_of(t) for t in trials], [t.values[0] for t in trials], resamples=0)
