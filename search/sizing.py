@@ -63,6 +63,7 @@ import numpy as np
 
 from space.arch import ArchConfig, ArchError
 from space.errors import CramnasError, UsageError
+from space.vocabulary import Position
 from trainer.budget import Budget, BudgetError
 from trainer.config import RunConfig, TrainConfig, load_run_config
 from trainer.console import VERBOSE_HELP, CliParser, ProgressLines, count, one_line_on_ctrl_c, quiet_libraries
@@ -111,7 +112,7 @@ def size_family(config: ArchConfig, sizes: Iterable[str | tuple[int, int]] = DEF
     for size in sizes:
         layers, hidden = parse_size(size)
         try:
-            heads = heads_for(hidden, config.head_dim, config.position == "rotary") if hidden >= 1 else 1
+            heads = heads_for(hidden, config.head_dim, config.position == Position.ROTARY) if hidden >= 1 else 1
             family.append(config.replace(layers=layers, hidden=hidden, heads=heads))
         except ArchError as error:
             raise ArchError(f"size {layers}x{hidden}: {error}") from None
@@ -124,8 +125,7 @@ def non_embedding_params(arch: ArchConfig) -> int:
     scaled sinusoids)."""
     h, v = arch.hidden, arch.vocab_size
     tables = v * h * (1 if arch.tie_embeddings else 2) + (v if arch.decoder_bias else 0)
-    positions = {"learned": arch.max_seq_len * h, "scaled_sinusoidal": 1}.get(arch.position, 0)
-    tables += positions + (2 * h if arch.segment_embeddings else 0)
+    tables += arch.position_params + (2 * h if arch.segment_embeddings else 0)
     return arch.num_params() - tables
 
 

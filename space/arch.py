@@ -19,20 +19,15 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from space.errors import CramnasError
+from space.vocabulary import (
+    ABSOLUTE_POSITIONS, FFN_ACTIVATION, GATED_FFN_KINDS, VOCABULARIES, Activation, FfnKind, NormKind, NormPlacement, Position,
+)
 
-# The choices of each categorical knob. `trainer.model` keeps one registry per knob with exactly
-# these keys (a test checks they agree), so adding a variant means one entry here and one there.
-FFN_KINDS = ("gelu", "relu", "relu2", "silu", "geglu", "swiglu", "reglu")
-GATED_FFN_KINDS = ("geglu", "swiglu", "reglu")
-GATE_ACTIVATIONS = {"geglu": "gelu", "swiglu": "silu", "reglu": "relu"}  # what each gated kind applies to its gate
-NORM_KINDS = ("layernorm", "rmsnorm")
-NORM_PLACEMENTS = ("pre", "post", "sandwich")
-POSITIONS = ("learned", "sinusoidal", "scaled_sinusoidal", "rotary", "alibi", "none")
+# The names each categorical field takes, as plain strings for messages: space.vocabulary's, which
+# `trainer.model` keys its registries by, so adding a variant means one member there and one
+# registry entry (tests/test_vocabulary.py checks they agree).
 CHOICES: dict[str, tuple[str, ...]] = {
-    "ffn_kind": FFN_KINDS,
-    "norm_kind": NORM_KINDS,
-    "norm_placement": NORM_PLACEMENTS,
-    "position": POSITIONS,
+    field: tuple(name.value for name in vocabulary) for field, vocabulary in VOCABULARIES.items()
 }
 
 # Fraction of tokens whose vocabulary logits are computed under sparse prediction: Cramming's MLM
@@ -44,17 +39,17 @@ DEFAULT_MLM_RATE = 0.25
 # library evaluates it with; everything else is its arithmetic written out. Approximate by nature:
 # they only need to rank variants and scale with width as the real ops do.
 ELEMENTWISE_OPS: dict[str, int] = {
-    "layernorm": 6,  # mean: sum; centre: subtract; variance: square, sum; scale by 1/std; x weight
-    "rmsnorm": 4,  # mean square: square, sum; scale by 1/rms; x weight (no centring)
+    NormKind.LAYERNORM: 6,  # mean: sum; centre: subtract; variance: square, sum; scale by 1/std; x weight
+    NormKind.RMSNORM: 4,  # mean square: square, sum; scale by 1/rms; x weight (no centring)
     "bias": 1,  # one add per element: biases (norm_bias too), absolute positions, segments, ALiBi
-    "gelu": 8,  # 0.5 x (1 + erf(x / sqrt 2)) x x: erf ~5 (polynomial), a divide, an add, two multiplies
-    "silu": 8,  # x / (1 + exp(-x)): exp ~5, a negate, an add, a divide
-    "relu": 1,  # a max
-    "relu2": 2,  # a max and a square
+    Activation.GELU: 8,  # 0.5 x (1 + erf(x / sqrt 2)) x x: erf ~5 (polynomial), a divide, an add, two multiplies
+    Activation.SILU: 8,  # x / (1 + exp(-x)): exp ~5, a negate, an add, a divide
+    Activation.RELU: 1,  # a max
+    Activation.RELU2: 2,  # a max and a square
     "glu": 1,  # activation(gate) x value
     "scale": 1,  # scores x 1/sqrt(head_dim)
     "softmax": 5,  # per score: max, subtract, exp, sum, divide
-    "rotary": 3,  # q cos + rotate_half(q) sin: two multiplies and an add (the half-swap only moves data)
+    Position.ROTARY: 3,  # q cos + rotate_half(q) sin: two multiplies and an add (the half-swap only moves data)
     "residual": 1,  # x + f(x)
     "cross_entropy": 5,  # per logit of a predicted token: log-softmax's max, subtract, exp, sum, and the log
 }
@@ -87,9 +82,9 @@ class ArchConfig:
     # ffn_kind then has the same parameter count at the same ffn_mult. Cramming's GLU with
     # intermediate_size 3072 (split into two 1536 halves) is ffn_mult=3 here.
     ffn_mult: float = 3.0
-    ffn_kind: str = "geglu"
-    norm_kind: str = "layernorm"
-    norm_placement: str = "pre"
+    ffn_kind: str = FfnKind.GEGLU.value
+    norm_kind: str = NormKind.LAYERNORM.value
+    norm_placement: str = NormPlacement.PRE.value
     norm_eps: float = 1e-12
     final_norm: bool = True
     embedding_norm: bool = True
@@ -98,7 +93,7 @@ class ArchConfig:
     ffn_bias: bool = False  # also the bias of the head transform's dense layer
     norm_bias: bool = True
     decoder_bias: bool = False
-    position: str = "scaled_sinusoidal"
+    position: str = Position.SCALED_SINUSOIDAL.value
     segment_embeddings: bool = False  # BERT's token-type embeddings (2 types)
     tie_embeddings: bool = True
     head_transform: bool = False  # BERT's dense + GELU + norm before the decoder
@@ -123,8 +118,10 @@ class ArchConfig:
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     raise ArchError(f"{f.name}: expected a number, got {value!r}{yaml_number_hint(value)}")
                 object.__setattr__(self, f.name, float(value))
-            if f.type == "str" and value not in CHOICES[f.name]:
-                raise ArchError(f"{f.name}: {value!r} is not one of {', '.join(CHOICES[f.name])}")
+            if f.type == "str":
+                if value not in CHOICES[f.name]:
+                    raise ArchError(f"{f.name}: {value!r} is not one of {', '.join(CHOICES[f.name])}")
+                object.__setattr__(self, f.name, str(value))  # a vocabulary member stored as its plain string
         for name in ("layers", "hidden", "heads", "max_seq_len", "vocab_size"):
             if getattr(self, name) < 1:
                 raise ArchError(f"{name}: must be at least 1, got {getattr(self, name)}")
@@ -140,9 +137,9 @@ class ArchConfig:
         if self.hidden % self.heads:
             raise ArchError(f"heads: hidden={self.hidden} is not divisible by heads={self.heads}; "
                             f"choose heads that divide hidden")
-        if self.position == "rotary" and self.head_dim % 2:
+        if self.position == Position.ROTARY and self.head_dim % 2:
             raise ArchError(f"position: rotary needs an even head dim, got hidden/heads={self.head_dim}")
-        if self.position in ("sinusoidal", "scaled_sinusoidal") and self.hidden % 2:
+        if self.position in (Position.SINUSOIDAL, Position.SCALED_SINUSOIDAL) and self.hidden % 2:
             raise ArchError(f"position: {self.position} needs an even hidden size, got {self.hidden}")
         if self.vocab_size < 5:
             raise ArchError(f"vocab_size: must hold at least the 5 BERT special tokens, got {self.vocab_size}")
@@ -166,7 +163,14 @@ class ArchConfig:
 
     @property
     def norms_per_layer(self) -> int:
-        return 4 if self.norm_placement == "sandwich" else 2
+        return 4 if self.norm_placement == NormPlacement.SANDWICH else 2
+
+    @property
+    def position_params(self) -> int:
+        """Parameters of the position scheme: a learned table, or the scale of scaled sinusoids."""
+        if self.position == Position.LEARNED:
+            return self.max_seq_len * self.hidden
+        return 1 if self.position == Position.SCALED_SINUSOIDAL else 0
 
     def is_global(self, layer: int) -> bool:
         """Whether layer `layer` (from 0) attends over the whole row rather than a local window."""
@@ -181,9 +185,7 @@ class ArchConfig:
         """Trainable parameters (tied embeddings counted once); equals the built model's count."""
         h, v, i = self.hidden, self.vocab_size, self.ffn_inner
         norm = h * (2 if self.norm_bias else 1)
-        embed = v * h + (self.max_seq_len * h if self.position == "learned" else 0)
-        embed += 1 if self.position == "scaled_sinusoidal" else 0  # the learned scale
-        embed += 2 * h if self.segment_embeddings else 0
+        embed = v * h + self.position_params + (2 * h if self.segment_embeddings else 0)
         embed += norm if self.embedding_norm else 0
         attn = 3 * h * h + (3 * h if self.qkv_bias else 0) + h * h + (h if self.attn_out_bias else 0)
         up = 2 * i if self.gated else i
@@ -236,17 +238,17 @@ class ArchConfig:
         # Each query meets every key in every head: trainer.model's masked attention computes all
         # scores in a local layer too, so this counts what the device spends, not the window.
         scores = self.heads * t
-        attention = scores * (ops["scale"] + ops["softmax"] + ops["bias"] * (self.position == "alibi"))
-        attention += 2 * h * ops["rotary"] * (self.position == "rotary")  # queries and keys
+        attention = scores * (ops["scale"] + ops["softmax"] + ops["bias"] * (self.position == Position.ALIBI))
+        attention += 2 * h * ops[Position.ROTARY] * (self.position == Position.ROTARY)  # queries and keys
         attention += ops["bias"] * (3 * h * self.qkv_bias + h * self.attn_out_bias)
-        activation = ops[GATE_ACTIVATIONS.get(self.ffn_kind, self.ffn_kind)]
+        activation = ops[FFN_ACTIVATION[self.ffn_kind]]
         ffn = i * (activation + ops["glu"] * self.gated)
         ffn += ops["bias"] * ((2 * i if self.gated else i) + h) * self.ffn_bias
         layer = self.norms_per_layer * norm + attention + ffn + 2 * h * ops["residual"]
-        absolute = self.position in ("learned", "sinusoidal", "scaled_sinusoidal")
+        absolute = self.position in ABSOLUTE_POSITIONS
         embed = h * ops["bias"] * (absolute + self.segment_embeddings) + norm * self.embedding_norm
         predicted = mlm_rate if self.sparse_prediction else 1.0  # rows whose logits are computed
-        head = predicted * ((ops["bias"] * self.ffn_bias + ops["gelu"]) * h + norm) * self.head_transform
+        head = predicted * ((ops["bias"] * self.ffn_bias + ops[Activation.GELU]) * h + norm) * self.head_transform
         head += predicted * v * ops["bias"] * self.decoder_bias
         head += mlm_rate * v * ops["cross_entropy"]  # the loss is taken at the masked tokens only
         return 3.0 * (embed + self.layers * layer + norm * self.final_norm + head)

@@ -148,10 +148,9 @@ def test_resume_with_a_changed_setting_names_it(uninterrupted, wiki_slice):
 def test_a_run_saved_before_an_arch_field_existed_resumes_with_its_default():
     current = resume.run_record(ARCH, TRAIN, BUDGET, "data")
     saved = {**current, "arch": {k: v for k, v in current["arch"].items() if k not in ("local_window", "global_every")}}
-    resume.check_same_run(saved, current, Path("step-1"))
-    windowed = resume.run_record(ARCH.replace(local_window=4), TRAIN, BUDGET, "data")
+    resume.check_same_run(saved, ARCH, TRAIN, BUDGET, "data", Path("step-1"))
     with pytest.raises(ResumeError, match=r"^--resume: arch.local_window is 4 but step-1 was trained with 0;"):
-        resume.check_same_run(saved, windowed, Path("step-1"))
+        resume.check_same_run(saved, ARCH.replace(local_window=4), TRAIN, BUDGET, "data", Path("step-1"))
 
 
 def test_a_half_written_or_damaged_checkpoint_is_refused_in_one_line(uninterrupted, tmp_path):

@@ -120,13 +120,13 @@ def cram_with_model(arch: ArchConfig, train: TrainConfig, data: PretrainData, bu
                     before_forward: Callable[[int], None] | None = None,
                     long_run: resume.LongRun | None = None) -> tuple[CrammedBert, CramResult]:
     """`cram`, also returning the trained model (eval mode): a search trial probes it in memory."""
-    budget = budget.resolve(arch, train.mlm_rate)  # reference-core seconds become this arch's FLOPs
     if data.vocab_size != arch.vocab_size or data.seq_len != arch.max_seq_len:
         raise ValueError(f"data: prepared for vocab {data.vocab_size}/seq {data.seq_len} but the architecture "
                          f"has vocab_size {arch.vocab_size}/max_seq_len {arch.max_seq_len}; prepare it again")
     resume_from = long_run.resume_from if long_run is not None else None
-    if resume_from is not None:
-        resume.check_same_run(resume_from.run, resume.run_record(arch, train, budget, data.fingerprint), resume_from.path)
+    if resume_from is not None:  # before resolving: a checkpoint records the budget as given (180refs)
+        resume.check_same_run(resume_from.run, arch, train, budget, data.fingerprint, resume_from.path)
+    budget = budget.resolve(arch, train.mlm_rate)  # reference-core seconds become this arch's FLOPs
     device = device or pick_device()
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -10,13 +10,14 @@ from __future__ import annotations
 import torch
 
 from space.arch import ArchConfig
+from space.vocabulary import FfnKind, NormKind, NormPlacement, Position
 from trainer.model import CrammedBert
 
 # The ArchConfig settings that make CrammedBert the original BERT; shape fields come from the caller.
 ORIGINAL_BERT = dict(
-    ffn_kind="gelu", norm_kind="layernorm", norm_placement="post", final_norm=False,
+    ffn_kind=FfnKind.GELU, norm_kind=NormKind.LAYERNORM, norm_placement=NormPlacement.POST, final_norm=False,
     embedding_norm=True, qkv_bias=True, attn_out_bias=True, ffn_bias=True, norm_bias=True,
-    decoder_bias=True, position="learned", segment_embeddings=True, tie_embeddings=True,
+    decoder_bias=True, position=Position.LEARNED, segment_embeddings=True, tie_embeddings=True,
     head_transform=True, sparse_prediction=False,
 )
 

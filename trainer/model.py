@@ -1,7 +1,8 @@
 """CrammedBert: every BERT variant the search space can draw, built from one `ArchConfig`.
 
-Each knob of the architecture is a small module picked from a registry (positions, norms, FFNs,
-residual placement), so `forward` reads like the paper whatever the variant:
+Each knob of the architecture is a small module picked from a registry (positions, norms, FFN
+activations, residual placement) keyed by the names of `space.vocabulary`, so `forward` reads like
+the paper whatever the variant:
 
     x = embed(tokens) -> [x = attention_residual(x); x = ffn_residual(x)] * layers -> final norm
     logits = decoder(head_transform(x[masked]))        # sparse prediction: masked rows only
@@ -22,6 +23,7 @@ from torch import nn
 # trainer.export_hf copies this module into every Hugging Face export, making these imports relative:
 # keep each cramnas import a one-line `from <module> import ...` of a module that needs only torch.
 from space.arch import DEFAULT_MLM_RATE, ArchConfig
+from space.vocabulary import FFN_ACTIVATION, Activation, NormKind, NormPlacement, Position
 from trainer.masking import IGNORE_INDEX
 
 # ---------------------------------------------------------------------------------------------
@@ -44,8 +46,8 @@ class RMSNorm(nn.Module):
 
 
 NORMS = {
-    "layernorm": lambda arch: nn.LayerNorm(arch.hidden, eps=arch.norm_eps, bias=arch.norm_bias),
-    "rmsnorm": lambda arch: RMSNorm(arch.hidden, eps=arch.norm_eps, bias=arch.norm_bias),
+    NormKind.LAYERNORM: lambda arch: nn.LayerNorm(arch.hidden, eps=arch.norm_eps, bias=arch.norm_bias),
+    NormKind.RMSNORM: lambda arch: RMSNorm(arch.hidden, eps=arch.norm_eps, bias=arch.norm_bias),
 }
 
 
@@ -148,12 +150,12 @@ class AlibiPositions(NoPositions):
 
 
 POSITIONS = {
-    "none": lambda arch: NoPositions(),
-    "learned": LearnedPositions,
-    "sinusoidal": SinusoidalPositions,
-    "scaled_sinusoidal": ScaledSinusoidalPositions,
-    "rotary": RotaryPositions,
-    "alibi": AlibiPositions,
+    Position.NONE: lambda arch: NoPositions(),
+    Position.LEARNED: LearnedPositions,
+    Position.SINUSOIDAL: SinusoidalPositions,
+    Position.SCALED_SINUSOIDAL: ScaledSinusoidalPositions,
+    Position.ROTARY: RotaryPositions,
+    Position.ALIBI: AlibiPositions,
 }
 
 
@@ -231,15 +233,14 @@ class GatedFeedForward(nn.Module):
         return self.down(self.activation(gate) * value)
 
 
-FFNS = {
-    "gelu": lambda arch: FeedForward(arch, F.gelu),
-    "relu": lambda arch: FeedForward(arch, F.relu),
-    "relu2": lambda arch: FeedForward(arch, relu2),
-    "silu": lambda arch: FeedForward(arch, F.silu),
-    "geglu": lambda arch: GatedFeedForward(arch, F.gelu),
-    "swiglu": lambda arch: GatedFeedForward(arch, F.silu),
-    "reglu": lambda arch: GatedFeedForward(arch, F.relu),
-}
+ACTIVATIONS = {Activation.GELU: F.gelu, Activation.RELU: F.relu, Activation.RELU2: relu2, Activation.SILU: F.silu}
+
+
+def make_ffn(arch: ArchConfig) -> nn.Module:
+    """The FFN of `arch.ffn_kind`: its activation and whether it gates are the vocabulary's to say."""
+    activation = ACTIVATIONS[FFN_ACTIVATION[arch.ffn_kind]]
+    return GatedFeedForward(arch, activation) if arch.gated else FeedForward(arch, activation)
+
 
 # ---------------------------------------------------------------------------------------------
 # Residual placement of the norms around a sublayer
@@ -275,7 +276,7 @@ class SandwichNorm(PreNorm):
         return x + self.dropout(self.norm_out(self.sublayer(self.norm(x), **kwargs)))
 
 
-RESIDUALS = {"pre": PreNorm, "post": PostNorm, "sandwich": SandwichNorm}
+RESIDUALS = {NormPlacement.PRE: PreNorm, NormPlacement.POST: PostNorm, NormPlacement.SANDWICH: SandwichNorm}
 
 
 class Block(nn.Module):
@@ -283,7 +284,7 @@ class Block(nn.Module):
         super().__init__()
         residual = RESIDUALS[arch.norm_placement]
         self.attention = residual(arch, SelfAttention(arch, dropout), dropout)
-        self.ffn = residual(arch, FFNS[arch.ffn_kind](arch), dropout)
+        self.ffn = residual(arch, make_ffn(arch), dropout)
 
     def forward(self, x, positions, mask):
         x = self.attention(x, positions=positions, mask=mask)

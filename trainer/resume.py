@@ -300,10 +300,13 @@ def latest_checkpoint(run_dir: str | Path, warn: Callable[[str], None]) -> Check
     raise ResumeError(f"--resume: no intact checkpoint in {Path(run_dir) / CHECKPOINTS}; start the run again")
 
 
-def check_same_run(saved: dict, current: dict, where: Path) -> None:
-    """One line naming the first setting in which `current` (arch, train, budget, data fingerprint)
-    differs from the run `saved` at checkpoint `where`: a resumed run must be the same run."""
+def check_same_run(saved: dict, arch: ArchConfig, train: TrainConfig, budget: Budget, data_fingerprint: str,
+                   where: Path) -> None:
+    """One line naming the first setting in which this run (arch, train, budget as given, not yet
+    resolved, and data fingerprint) differs from the run `saved` at checkpoint `where` (its
+    `run_record`): a resumed run must be the same run."""
     fix = "resume with the run's own settings (leave out --config, --budget, --seed, --data) or start a new --out"
+    current = run_record(arch, train, budget, data_fingerprint)
     # A run saved before an architecture field existed was trained with the field's default.
     saved = {**saved, "arch": {**ArchConfig().to_dict(), **saved["arch"]}}
     for section in ("arch", "train"):
@@ -311,9 +314,9 @@ def check_same_run(saved: dict, current: dict, where: Path) -> None:
             was, now = saved[section].get(key), current[section].get(key)
             if was != now:
                 raise ResumeError(f"--resume: {section}.{key} is {now!r} but {where} was trained with {was!r}; {fix}")
-    was, now = Budget.parse(saved["budget"]), Budget.parse(current["budget"])
-    if (was.kind, was.amount) != (now.kind, now.amount):
-        raise ResumeError(f"--resume: budget is {now.text} but {where} was trained for {was.text}; {fix}")
+    was = Budget.parse(saved["budget"])  # the record's text; this run's budget is compared as it came
+    if (was.kind, was.amount) != (budget.kind, budget.amount):
+        raise ResumeError(f"--resume: budget is {budget.text} but {where} was trained for {was.text}; {fix}")
     if saved["data_fingerprint"] != current["data_fingerprint"]:
         raise ResumeError(f"--resume: the data (fingerprint {current['data_fingerprint']}) is not the data {where} "
                           f"was trained on ({saved['data_fingerprint']}); {fix}")
