@@ -45,7 +45,7 @@ from pathlib import Path
 
 from fidelity import UNIT, correlation, cram_job, worker_died
 
-from search.stats import mean_interval
+from search.stats import interval, mean_interval, paired
 from space.arch import ArchConfig, ArchError
 from space.errors import UsageError
 from trainer.budget import Budget
@@ -238,18 +238,6 @@ class Crams:
         return next(row for row in self.done.values() if row["name"] == name)
 
 
-def interval_text(values: list[float]) -> str:
-    mean, half = mean_interval(values)
-    return f"{mean:.3f}" + (f" ± {half:.3f}" if half is not None else "") + f" (n={len(values)})"
-
-
-def paired(a: list[float], b: list[float]) -> str:
-    """b - a seed by seed, with its 95% interval, and whether that is outside noise."""
-    mean, half = mean_interval([y - x for x, y in zip(a, b)])
-    verdict = "" if half is None else (" outside noise" if abs(mean) > half else " within noise")
-    return f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "") + verdict
-
-
 # ---- the stages -----------------------------------------------------------------------------------
 
 def main() -> None:
@@ -322,7 +310,8 @@ def core_table(crams: Crams, configs: dict) -> list[str]:
         losses = crams.losses(name, 1)
         where = regime(statistics.mean(losses), row["corruption_floor"], row["context_reference"])
         rows.append(f"| {name} | {ArchConfig.from_dict(configs[name][0]).describe()} | {row['params'] / 1e6:.2f}M | "
-                    f"{interval_text(losses)} | {where} | {row['tokens']:,} | {statistics.mean(crams.seconds(name, 1)):.0f} |")
+                    f"{interval(losses).text(show_n=True)} | {where} | {row['tokens']:,} | "
+                    f"{statistics.mean(crams.seconds(name, 1)):.0f} |")
     return ["## 1x, 3 seeds", "", f"corruption floor {reference['corruption_floor']:.3f}, two-neighbour count model "
             f"{reference['context_reference']:.3f}, unigram floor {reference['unigram_floor']:.3f}", "", *rows, ""]
 
@@ -407,7 +396,8 @@ def ablation_tables(crams: Crams, configs: dict, best: str, one_factor: bool = T
     lines = [f"## Ablation against {best} (each choice of the winner reverted alone; reverted - winner, paired by seed)", "",
              "| variant | validation loss | reverted - winner |", "|---|---|---|"] if variants else []
     for name in variants:
-        lines.append(f"| {name} | {interval_text(crams.losses(name, 1))} | {paired(winner, crams.losses(name, 1))} |")
+        losses = crams.losses(name, 1)
+        lines.append(f"| {name} | {interval(losses).text(show_n=True)} | {paired(losses, winner).text()} |")
     if len(grid_archs) == 2:
         grid = {("winner", "winner"): statistics.mean(winner), ("baseline", "baseline"): statistics.mean(crams.losses(best, 1)),
                 **{key: statistics.mean(crams.losses(f"{key[0]} design, {key[1]} size", 1)) for key in grid_archs}}

@@ -28,7 +28,7 @@ import numpy as np
 from search.estimate import asha_rungs
 from search.paths import PROFILES
 from search.run import load_profile
-from search.stats import mean_interval
+from search.stats import interval, paired
 from search.stopped import rung_ranking
 from space.arch import ArchConfig
 
@@ -239,11 +239,6 @@ def seeds(rows: list[dict], configuration: str, budget: str) -> dict[int, float]
             if row["configuration"] == configuration and row["budget"] == budget and row["validation_loss"]}
 
 
-def interval_text(values: list[float]) -> str:
-    mean, half = mean_interval(values)
-    return f"{mean:.3f} ± {half:.3f}" if half is not None else f"{mean:.3f}"
-
-
 def equivalent_multiple(loss: float, ladder: dict[float, float]) -> str:
     """The compute multiple at which sized-cpu's mean loss reaches `loss`, linear in log-compute
     between the measured multiples (Primer's compute-equivalent multiple)."""
@@ -269,9 +264,7 @@ def confirmation_table(all_rows: dict[str, list[dict]], budget: str = "2e12flops
         rows = all_rows[name]
         candidate = next(row["configuration"] for row in runs if row["kind"] == "confirmation")
         ours = seeds(runs, candidate, budget)
-        pairs = [ours[seed] - theirs[seed] for seed in sorted(ours.keys() & theirs.keys())]
-        mean, half = mean_interval(pairs)
-        verdict = "outside noise" if half is not None and abs(mean) > half else "within noise"
+        difference = paired(ours, theirs)
         ladder = {1.0: statistics.mean(theirs.values())}
         for multiple in (2, 4, 8):
             at = seeds(ladder_rows, BASELINE, f"{multiple * 2}e12flops")
@@ -289,9 +282,9 @@ def confirmation_table(all_rows: dict[str, list[dict]], budget: str = "2e12flops
         top = multiple.startswith("more than")
         factor = float(multiple.removeprefix("more than ").rstrip("x")) if multiple[0].isdigit() or top else None
         payback = (f"{'under ' if top else ''}{runs_k / (factor - 1):.1f}" if factor and factor > 1 else "never")
-        lines.append(f"| {name} | {candidate} | {interval_text(list(ours.values()))} | {interval_text(list(theirs.values()))} "
-                     f"| {mean:+.3f} ± {half:.3f}, {verdict} | {multiple} | {runs_k:.1f} | {payback} |")
-    ladder_text = ", ".join(f"{budget}: {interval_text(list(seeds(ladder_rows, BASELINE, budget).values()))}"
+        lines.append(f"| {name} | {candidate} | {interval(ours.values()).text()} | {interval(theirs.values()).text()} "
+                     f"| {difference.text()} | {multiple} | {runs_k:.1f} | {payback} |")
+    ladder_text = ", ".join(f"{budget}: {interval(seeds(ladder_rows, BASELINE, budget).values()).text()}"
                             for budget in ("4e12flops", "8e12flops") if seeds(ladder_rows, BASELINE, budget))
     return "\n".join(lines) + (f"\n\n{BASELINE} up the compute axis, same seeds: {ladder_text}." if ladder_text else "")
 

@@ -14,8 +14,8 @@ difference in which the subset's luck cancels.
 
 Printed: the pretrained encoders' validation MLM loss against their references and their regime
 (trainer/regimes.py), then a markdown table per probe and entry: pretrained mean ± 95% CI
-(Student t, search/stats.py), random mean ± CI, the paired difference ± CI, and whether that
-interval excludes zero (outside noise). Every finished cram and probe is appended to `--out` as one
+(Student t, search/stats.py), random mean ± CI, and the paired difference ± CI with whether that
+interval excludes zero (outside or within noise). Every finished cram and probe is appended to `--out` as one
 JSON line, the crams' checkpoints kept in `--work-dir`; a second call skips what is there
 (resumable). A run's lines carry a key of its settings, so other settings never mix in.
 """
@@ -34,7 +34,7 @@ from fidelity import profile_setup
 
 from glue import ProbeLimits, linear_probe, probe
 from glue.data import resolve_tasks
-from search.stats import mean_interval
+from search.stats import interval, paired
 from space.arch import ArchConfig
 from space.errors import CramnasError
 from trainer.budget import Budget
@@ -195,21 +195,6 @@ def run_probes(args: argparse.Namespace, arch: ArchConfig, pretrained: list[Path
 # ---------------------------------------------------------------------------------------------
 
 
-def interval(values: list[float], scale: float = 100.0) -> str:
-    mean, half = mean_interval(values)
-    return f"{scale * mean:.1f}" + ("" if half is None else f" ± {scale * half:.1f}")
-
-
-def verdict(differences: list[float]) -> str:
-    """Whether the paired difference's 95% interval excludes zero, and which way."""
-    mean, half = mean_interval(differences)
-    if half is None:
-        return "n/a (one seed)"
-    if abs(mean) <= half:
-        return "no"
-    return "yes, pretrained higher" if mean > 0 else "yes, random higher"
-
-
 def report_crams(records: list[dict], arch: ArchConfig, budget: str) -> None:
     print(f"\npretrained encoders: {arch.describe()}, {budget}\n")
     print("| seed | validation MLM loss | corruption floor | context reference | regime | tokens |\n|---|---|---|---|---|---|")
@@ -222,26 +207,25 @@ def report_crams(records: list[dict], arch: ArchConfig, budget: str) -> None:
     losses = [record["validation_loss"] for record in records if "validation_loss" in record]
     if not losses:
         return
-    mean, half = mean_interval(losses)
-    spread = "" if half is None else f" ± {half:.4f} (95% CI)"
-    print(f"\nmean validation MLM loss {mean:.4f}{spread} over {len(losses)} cram(s)")
+    loss = interval(losses)
+    print(f"\nmean validation MLM loss {loss.text(4)}{' (95% CI)' if loss.has_interval else ''} over {len(losses)} cram(s)")
     last = records[-1]
     if {"unigram_floor", "corruption_floor", "context_reference"} <= set(last):  # absent in results older than them
         print("the mean against the references: "
-              + describe_loss(mean, last["unigram_floor"], last["corruption_floor"], last["context_reference"]))
+              + describe_loss(loss.mean, last["unigram_floor"], last["corruption_floor"], last["context_reference"]))
 
 
 def report_probes(journal: Journal, seeds: int) -> None:
     print(f"\n| probe | entry (main metric x 100) | pretrained (n={seeds}) | random init (n={seeds}) "
-          "| paired difference | outside noise |\n|---|---|---|---|---|---|")
+          "| paired difference (pretrained - random) |\n|---|---|---|---|---|")
     for kind in PROBES:
         rows = {group: [journal.done[journal.key(kind, group, seed)] for seed in range(seeds)] for group in GROUPS}
         for entry in [*rows["pretrained"][0]["scores"], "average"]:
             values = {group: [row["average"] if entry == "average" else row["scores"][entry] for row in rows[group]]
                       for group in GROUPS}
-            differences = [a - b for a, b in zip(values["pretrained"], values["random"])]
-            print(f"| {kind} | {entry} | {interval(values['pretrained'])} | {interval(values['random'])} | "
-                  f"{interval(differences)} | {verdict(differences)} |")
+            pretrained, random = (interval(values[group]).text(1, scale=100) for group in GROUPS)
+            difference = paired(values["pretrained"], values["random"]).text(1, scale=100)
+            print(f"| {kind} | {entry} | {pretrained} | {random} | {difference} |")
     seconds = [row["seconds"] for row in journal.done.values() if row.get("kind") in PROBES]
     print(f"\nprobe wall time: {sum(seconds):.0f} s over {len(seconds)} probes")
 

@@ -66,7 +66,8 @@ from fidelity import correlation
 from search.ladder import DEFAULT_ETA
 from search.sizing import SizingError, best_cell, fit_lines, fit_size, load_size_fit, non_embedding_params, short_count, size_name
 from search.sizing import resized as sized_run
-from search.stats import mean_interval
+from search.stats import Difference, interval
+from search.stats import paired as paired_difference
 from space.arch import ArchConfig
 from space.errors import CramnasError, UsageError
 from trainer.budget import Budget
@@ -150,9 +151,9 @@ class Cell:
         return self.mean < self.context_reference
 
     def text(self, show_size: bool = False) -> str:
-        mean, half = mean_interval(list(self.by_seed.values()))
-        where = regime(mean, self.corruption_floor, self.context_reference)
-        return (f"{mean:.3f}" + (f" ± {half:.3f}" if half is not None else "") + f" (n={len(self.by_seed)}) {where}"
+        ci = interval(self.by_seed.values())
+        where = regime(ci.mean, self.corruption_floor, self.context_reference)
+        return (f"{ci.text(show_n=True)} {where}"
                 + (f" [{self.size}]" if show_size else "") + (f" {BELOW}" if self.below_count_model else ""))
 
 
@@ -347,24 +348,22 @@ def paired(table: dict[str, dict[float, Cell]], a: str, b: str, multiples) -> st
     largest multiple defaults to one seed because it costs as much as all the others together."""
     from scipy import stats
 
-    top = multiples[-1]
     losses = lambda name, m: table[name][m].by_seed if m in table[name] else {}
-    common = lambda m: sorted(set(losses(a, m)) & set(losses(b, m)))
-    diffs = lambda m: [losses(b, m)[s] - losses(a, m)[s] for s in common(m)]
-    seeds = common(top)
-    if not seeds:
+    at = lambda m: paired_difference(losses(b, m), losses(a, m))
+    top = multiples[-1]
+    difference = at(top)
+    if not difference.n:
         return "no common seed measured"
-    mean, half = mean_interval(diffs(top))
-    source = f"paired by seed, n={len(seeds)}"
-    if half is None:
-        lower = next((m for m in reversed(multiples[:-1]) if len(common(m)) >= 2), None)
-        if lower is None:
-            return f"{mean:+.3f} (one seed, no noise measured)"
-        spread = diffs(lower)
-        half = float(stats.t.ppf(0.975, len(spread) - 1) * statistics.stdev(spread) * math.sqrt(1 + 1 / len(spread)))
-        source = f"seed {seeds[0]}; noise: the seed spread of this difference at {lower:g}x, n={len(spread)}"
-    verdict = "outside noise" if abs(mean) > half else "within noise"
-    return f"{mean:+.3f} ± {half:.3f}, {verdict} ({source})"
+    if difference.has_interval:
+        return f"{difference.text()} (paired by seed, n={difference.n})"
+    lower = next((m for m in reversed(multiples[:-1]) if at(m).n >= 2), None)
+    if lower is None:
+        return difference.text()
+    seed = min(losses(a, top).keys() & losses(b, top).keys())
+    spread = [losses(b, lower)[s] - losses(a, lower)[s] for s in sorted(losses(a, lower).keys() & losses(b, lower).keys())]
+    half = float(stats.t.ppf(0.975, len(spread) - 1) * statistics.stdev(spread) * math.sqrt(1 + 1 / len(spread)))
+    return (f"{Difference(1, difference.mean, half).text()} "
+            f"(seed {seed}; noise: the seed spread of this difference at {lower:g}x, n={len(spread)})")
 
 
 def best_lines(table: dict[str, dict[float, Cell]], names: list[str], multiples, resized: list[str] = ()) -> list[str]:

@@ -37,7 +37,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from search.states import FAILED
-from search.stats import mean_interval
+from search.stats import mean_interval, plus_minus
 from space.errors import UsageError
 from trainer.budget import Budget, BudgetError
 from trainer.console import count
@@ -253,11 +253,8 @@ def pick(rungs: list[Rung], objective: Objective) -> tuple[Rung, Standing] | Non
 # ---- the tables ---------------------------------------------------------------------------------
 
 def interval_text(summary: tuple[float, float | None] | None) -> str:
-    """`5.1234 ± 0.0100`, `5.1234 (one seed)`, or `-` without a complete seed."""
-    if summary is None:
-        return "-"
-    mean, half = summary
-    return f"{mean:.4f}" + (f" ± {half:.4f}" if half is not None else " (one seed)")
+    """`5.1234 ± 0.0100`, `5.1234` (one seed: the n column says so), or `-` without a complete seed."""
+    return "-" if summary is None else plus_minus(*summary, 4)
 
 
 def fate(rung: Rung, standing: Standing, chosen: Standing | None) -> str:

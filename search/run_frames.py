@@ -21,7 +21,7 @@ from scipy import stats
 from search import tags as tag
 from search.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, Objective
 from search.states import COMPLETE, FAILED, REPEAT, state_of_status
-from search.stats import mean_interval
+from search.stats import CONFIDENCE, Interval, interval, noise_verdict, paired
 from trainer.regimes import PLATEAU_MARGIN, regime_of
 
 STATE_COLUMN = tag.column(tag.STATE)
@@ -34,7 +34,6 @@ BELOW_FLOOR = "metrics.nats_below_unigram"
 # runs logged before the references were; `regime_column` reads the regime from the same metrics.
 BELOW_CORRUPTION = "metrics.nats_below_floor"
 REFERENCE_COLUMNS = ("metrics.validation_loss", "metrics.corruption_floor", "metrics.context_reference")
-CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True)
@@ -124,35 +123,18 @@ def scored(frame: pd.DataFrame, score: Score) -> pd.DataFrame:
 
 # ---- confidence intervals -----------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Interval:
-    n: int
-    mean: float
-    low: float  # NaN when n < 2: one value gives no interval
-    high: float
-
-    @property
-    def has_interval(self) -> bool:
-        return self.n >= 2
-
-
 def mean_ci(values: Iterable[float], confidence: float = CONFIDENCE) -> Interval:
-    """Mean and Student-t confidence interval of the finite `values`: `search.stats.mean_interval`,
-    so that the report and search.confirm's table give the same interval."""
-    data = [float(v) for v in values if v is not None and math.isfinite(v)]
-    if not data:
-        return Interval(0, math.nan, math.nan, math.nan)
-    mean, half = mean_interval(data, confidence)
-    if half is None:  # one value gives no interval
-        return Interval(1, mean, math.nan, math.nan)
-    return Interval(len(data), mean, mean - half, mean + half)
+    """Mean and Student-t confidence interval of the finite `values` (a frame's column):
+    `search.stats.interval`, so that the report and search.confirm's table give the same interval."""
+    return interval([float(v) for v in values if v is not None and math.isfinite(v)], confidence)
 
 
-def overlap(a: Interval, b: Interval) -> bool | None:
-    """Whether two intervals overlap; None when either has none (n < 2)."""
-    if not (a.has_interval and b.has_interval):
+def overlap(a, b) -> bool | None:
+    """Whether two intervals (anything with `low` and `high`: an `Interval`, a row of a ranking)
+    overlap; None when either has none (NaN bounds: n < 2)."""
+    if any(math.isnan(bound) for bound in (a.low, a.high, b.low, b.high)):
         return None
-    return a.low <= b.high and b.low <= a.high
+    return bool(a.low <= b.high and b.low <= a.high)
 
 
 # ---- confirmation -------------------------------------------------------------------------------
@@ -197,7 +179,7 @@ def lead_within_noise(ranking: pd.DataFrame) -> bool | None:
     ranked = ranking[np.isfinite(ranking["mean"].astype(float))]
     if len(ranked) < 2:
         return None
-    first, second = (Interval(int(r.n), r.mean, r.low, r.high) for r in ranked.head(2).itertuples())
+    first, second = ranked.head(2).itertuples()
     return overlap(first, second)
 
 
@@ -304,12 +286,11 @@ def paired_differences(runs: pd.DataFrame, best: str | None, baselines: list[str
     ours = by_seed(best)
     records = []
     for baseline in baselines:
-        difference = (ours - by_seed(baseline)).dropna()
-        ci = mean_ci(difference)
-        ahead = None if not ci.n else bool(ci.mean > 0 if score.higher_is_better else ci.mean < 0)
-        records.append({"baseline": baseline, "best": best, "n": ci.n, "mean": ci.mean, "low": ci.low, "high": ci.high,
-                        "best_ahead": ahead,
-                        "outside_noise": None if not ci.has_interval else bool(ci.low > 0 or ci.high < 0)})
+        difference = paired(ours.to_dict(), by_seed(baseline).to_dict())
+        ahead = None if not difference.n else bool(difference.mean > 0 if score.higher_is_better else difference.mean < 0)
+        records.append({"baseline": baseline, "best": best, "n": difference.n, "mean": difference.mean,
+                        "low": difference.low, "high": difference.high, "best_ahead": ahead,
+                        "outside_noise": difference.outside_noise})
     return pd.DataFrame(records, columns=columns)
 
 
@@ -320,11 +301,8 @@ def paired_verdict(row, score: Score) -> str:
         return "no seed trained by both: nothing to compare"
     amount = f"{abs(row.mean):.3g} nats" if score.column == LOSS else f"{abs(row.mean):.3g} in {score.label}"
     lead = "a tie" if row.mean == 0 else f"{'search' if row.best_ahead else 'baseline'} better by {amount}"
-    if row.outside_noise is None:
-        return f"{lead} on one pair of seeds: no interval to judge the noise"
-    if row.outside_noise:
-        return f"{lead}, outside noise (the 95% interval excludes 0)"
-    return f"{lead}, within noise (the 95% interval contains 0)"
+    why = {None: "", True: " (the 95% interval excludes 0)", False: " (the 95% interval contains 0)"}[row.outside_noise]
+    return f"{lead}, {noise_verdict(row.outside_noise)}{why}"
 
 
 def regime_column(frame: pd.DataFrame) -> pd.Series:

@@ -205,7 +205,7 @@ def test_the_tables_pair_each_seeds_winners_with_the_baselines_budget_by_budget(
     assert "corruption floor 6.000" in references
     assert long.startswith(f"{LONG} (3x") and short.startswith(f"{SHORT} (1x")
     # the winner is trial 3 under both budgets; the 1x comparison reads its 1x runs
-    assert "| pg-tpe-s0 trial 3 vs sized-cpu (hand-designed) | -0.300 ± 0.000 (outside noise, n=3) |" in long
+    assert "| pg-tpe-s0 trial 3 vs sized-cpu (hand-designed) | -0.300 ± 0.000 (n=3), outside noise |" in long
     assert "| pg-tpe-s0 trial 3 vs sized-cpu (hand-designed) | +0.567 ± " in short
     for section in (long, short):
         assert "trial 5 vs" not in section and "pg-tpe-s1 trial 2 vs" not in section  # no winners

@@ -450,7 +450,7 @@ def test_one_design_at_three_sizes_gets_a_size_fit_with_each_budget_held_out(tmp
     assert "d-1x32 (the ladder's pick) at 30x: 3.650 (n=1)" in picked
     assert "Its design at the size the fit below chooses for 30x:" in picked
     assert "d-2x128 (the ladder's pick at the fitted size) at 30x: 3.100 (n=1)" in picked
-    assert "- against the 1x winner, d-1x32 (3.650 at 30x): pick - d-1x32 -0.550 (one seed" in picked
+    assert "- against the 1x winner, d-1x32 (3.650 at 30x): pick - d-1x32 -0.550, noise not measured (one seed)" in picked
     assert transfer.fitted_pick({}, "d-1x32", Budget.parse("2e12flops"), MULTIPLES) is None  # no fit, no size
     section = text[text.index("## Size fit of d-1x32's design (1x32/1h geglu pre-norm rotary)"):]
     assert table_row(section, "1x32").split(" | ")[3] == "**4.000**"  # the lowest at 1x, in bold
