@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Every GPU measurement of cramnas in one device call of at most 8 minutes on a fresh GPU machine:
 #   0. the interpreter: the image's python3 (its torch, never another), the project on PYTHONPATH,
-#      and the packages the image lacks (datasets, optuna, ray, mlflow and their needs) installed
-#      from the wheels in .whl/ (benchmarks/gpu_wheels.sh fetches them) into /tmp/site;
+#      and the packages the image lacks (datasets, optuna, MLflow's tracking client and their needs;
+#      not Ray) installed from the wheels in .whl/ (benchmarks/gpu_wheels.sh fetches them) into /tmp/site;
 #   1. a 10-second compile preflight (a C compiler, Python's headers, one tiny torch.compile): when
 #      Inductor cannot compile here, the steps below run eager, and the log says so;
 #   2. gpu_check.py: tokens/s and MFU of the GPU profile's own loop (micro-batches of 256, 6 per
 #      step) over 100 compiled optimizer steps, against eager, one step under sync debug;
 #   3. a 60-second trainer.cram of crammed-bert with the profile's batch;
-#   4. a real search.run of 2 trials (Ray placement, compile inside a trial, ASHA reports, GPU memory
-#      between trials in a reused worker), 15 s each, probing two GLUE tasks;
+#   4. a real search.run of 4 trials on the local executor (no Ray: each trial a process of its own
+#      on the GPU, compiled inside the trial, its reports, its GPU peak), 10 s each, probing two GLUE tasks;
 #   5. the GLUE probe of step 3's checkpoint against the same architecture at random initialisation.
 #
 #   bash benchmarks/gpu_session.sh DATA_DIR            # on the GPU machine (DATA_DIR: pretrain/ and glue/)
@@ -18,7 +18,7 @@
 #
 # Outputs go to $OUT (default: a new temporary directory): gpu_session.log (everything), cram_result.json,
 # search_trials.json. PYTHON names the interpreter (default python3). Each step has its own time
-# limit, so one slow step cannot take the others' results with it; the limits add up to 480 s.
+# limit, so one slow step cannot take the others' results with it; the limits add up to 465 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dry=0
@@ -60,7 +60,7 @@ else
 fi
 { command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$py" -c "import torch; print('python', __import__('sys').version.split()[0], 'torch', torch.__version__, 'at', torch.__file__, 'cuda', torch.version.cuda)"
-  "$py" -c "import datasets, optuna, ray, mlflow, trainer, search; print('imports: ok (datasets', datasets.__version__, 'optuna', optuna.__version__, 'ray', ray.__version__, 'mlflow', mlflow.__version__ + ')')" \
+  "$py" -c "import datasets, optuna, mlflow, trainer, search.local_executor; print('imports: ok (datasets', datasets.__version__, 'optuna', optuna.__version__, 'mlflow', mlflow.__version__ + ')')" \
     || echo "error: a package is missing: carry its wheel in .whl/ (benchmarks/gpu_wheels.sh)"; } 2>&1 | tee -a "$log"
 
 # 1. Inductor needs a C compiler and Python's headers (Triton builds a launcher per kernel) and a
@@ -95,7 +95,7 @@ profile = yaml.safe_load(open("search/profiles/gpu.yaml"))
 config = yaml.safe_load(open("trainer/configs/crammed-bert.yaml"))
 config["train"].update(profile["train"], compile=compile_model)
 profile["train"] = {**profile["train"], "compile": compile_model}
-profile.update(budget="15s", probe={"tasks": ["sst2", "rte"], "limits": {"max_train_examples": 2000, "max_seconds_per_task": 3.0}})
+profile.update(budget="10s", probe={"tasks": ["sst2", "rte"], "limits": {"max_train_examples": 2000, "max_seconds_per_task": 3.0}})
 if dry:  # the test slice's vocabulary and rows; the CPU space; CPU trials
     config["arch"].update(layers=2, hidden=64, heads=4, vocab_size=2048, max_seq_len=64)
     config["train"].update(batch_size=16, micro_batch=8)
@@ -115,10 +115,10 @@ if [ "$dry" = 1 ]; then check=(--dry-run); cram_budget=3s; probe=(--max-train-ex
 [ "$compile" = true ] || check+=(--eager)
 
 step gpu_check 110 "$py" benchmarks/gpu_check.py "${check[@]}"
-step cram 140 "$py" -m trainer.cram --config "$work/cram.yaml" --budget "$cram_budget" --data "$data" \
+step cram 110 "$py" -m trainer.cram --config "$work/cram.yaml" --budget "$cram_budget" --data "$data" \
     --out "$work/crammed-bert" --checkpoint-every off
 cp "$work/crammed-bert/result.json" "$out/cram_result.json" 2>/dev/null
-step search 150 "$py" -m search.run --trials 2 --max-concurrent 1 --profile "$work/profile.yaml" --data "$data" \
+step search 200 "$py" -m search.run --executor local --trials 4 --max-concurrent 1 --profile "$work/profile.yaml" --data "$data" \
     --study gpu-session --tracking-uri "sqlite:///$work/mlflow.db"
 "$py" - "$work" "$out" <<'EOF' 2>&1 | tee -a "$log"
 import json, sys

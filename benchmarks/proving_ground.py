@@ -55,7 +55,7 @@ from search import tags as tag
 from search.params import params_under
 from search.run import CONFIGS, PROFILES, load_profile
 from search.run import parse_args as search_run_args
-from search.stats import mean_interval
+from search.stats import interval, paired
 from space.arch import ArchConfig
 from trainer.budget import Budget
 from trainer.config import load_run_config
@@ -136,8 +136,8 @@ class Study(NamedTuple):
 def search_command(args: argparse.Namespace, study: Study, budget: Budget, uri: str, resume: bool) -> list[str]:
     return [sys.executable, "-m", "search.run", "--trials", str(args.trials), "--controller", study.controller,
             "--study", study.name, "--profile", args.profile, "--budget", budget.text, "--data", args.data,
-            "--seed", str(study.seed), "--tracking-uri", uri, *(["--no-probe"] if args.no_probe else []),
-            *(["--resume"] if resume else [])]
+            "--seed", str(study.seed), "--tracking-uri", uri, "--executor", args.executor,
+            *(["--no-probe"] if args.no_probe else []), *(["--resume"] if resume else [])]
 
 
 def confirm_commands(args: argparse.Namespace, studies: list[Study], budgets: list[str], uri: str) -> list[list[str]]:
@@ -247,23 +247,15 @@ def describe(arch: dict) -> str:
     return ArchConfig.from_dict({**ArchConfig().to_dict(), **arch}).describe()
 
 
-def interval(values) -> str:
+def interval_text(values) -> str:
     values = [float(v) for v in values if pd.notna(v)]
-    if not values:
-        return "-"
-    mean, half = mean_interval(values)
-    return f"{mean:.3f} ± {half:.3f}" if half is not None else f"{mean:.3f}"
+    return interval(values).text() if values else "-"
 
 
-def paired(a: pd.DataFrame, b: pd.DataFrame, metric: str) -> str:
+def paired_text(a: pd.DataFrame, b: pd.DataFrame, metric: str) -> str:
     """a - b over the seeds both have, with its 95% interval and whether it excludes 0."""
-    seeds = sorted(set(a.index) & set(b.index))
-    differences = [float(a.loc[s, metric]) - float(b.loc[s, metric]) for s in seeds]
-    if len(differences) < 2:
-        return "-"
-    mean, half = mean_interval(differences)
-    verdict = "outside noise" if abs(mean) > half else "within noise"
-    return f"{mean:+.3f} ± {half:.3f} ({verdict}, n={len(differences)})"
+    difference = paired(a[metric].astype(float).to_dict(), b[metric].astype(float).to_dict())
+    return difference.text(show_n=True) if difference.n >= 2 else "-"
 
 
 def transfer(pairs: list[tuple[float, float]]) -> str:
@@ -293,7 +285,7 @@ def configuration_table(configurations: list[Configuration], budget: str) -> lis
              "|---|---|---|---|---|---|---|---|---|"]
     for configuration in sorted((c for c in configurations if budget in c.seeds), key=lambda c: c.loss(budget)):
         seeds = configuration.seeds[budget]
-        cells = [interval(seeds[m]) if m in seeds else "-" for m in COLUMNS]
+        cells = [interval_text(seeds[m]) if m in seeds else "-" for m in COLUMNS]
         mean = seeds.mean(numeric_only=True).to_dict()
         lines.append(f"| {configuration.name} | {configuration.architecture} | {len(seeds)} | {' | '.join(cells)} | "
                      f"{regime_of(mean) or '-'} | {seeds['tokens_per_s'].mean():,.0f} | {seeds['params'].mean() / 1e6:.2f}M |")
@@ -314,8 +306,8 @@ def comparisons(results: Results, best: dict[Study, Configuration], budget: str)
              "|---|---|---|"]
     for a, b in pairs:
         if budget in a.seeds and budget in b.seeds:
-            lines.append(f"| {a.name} vs {b.name} | {paired(a.seeds[budget], b.seeds[budget], 'validation_loss')} | "
-                         f"{paired(a.seeds[budget], b.seeds[budget], 'nats_below_floor')} |")
+            lines.append(f"| {a.name} vs {b.name} | {paired_text(a.seeds[budget], b.seeds[budget], 'validation_loss')} | "
+                         f"{paired_text(a.seeds[budget], b.seeds[budget], 'nats_below_floor')} |")
     return lines
 
 
@@ -354,6 +346,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", required=True, help="data directory, e.g. ../shared/data")
     parser.add_argument("--out", default="proving-ground", help="stores, logs, state and the table (default: %(default)s)")
     parser.add_argument("--profile", default="cpu")
+    parser.add_argument("--executor", choices=("ray", "local"), default="ray",
+                        help="search.run's: local on a machine without Ray (default: %(default)s)")
     parser.add_argument("--trials", type=int, default=50, help="trials per study")
     parser.add_argument("--controller", default=search_run_args([]).controller,
                         choices=sorted(set(CONTROLLERS) - {CONTROL}),

@@ -5,7 +5,7 @@ final validation) and, when it compiles, its compile; then it trains its budget,
 stops it; the trials that finish are probed on GLUE. Early stopping is priced as the study applies
 it (`search.study.early_stop_for_session`): off unless asked for, and off for a session of fewer
 trials than its `min_trials`. ASHA's rungs are Ray's (`asha_rungs`) over the progress reports, as
-`search.study.early_stopping` sets them: at each rung a trial goes on only if it is in the best
+`search.ray_executor.early_stopping` sets them: at each rung a trial goes on only if it is in the best
 1/reduction_factor of the trials that reached it, so a share 1/rf^k of the trials trains past rung
 k (asynchronous ASHA promotes a little more than that while few trials have reported: the estimate
 is of the study's steady state). The trials at once are what this machine fits, and never more
@@ -205,13 +205,13 @@ def estimate(trials: int, budget: Budget, costs: Costs, *, compile_model: bool, 
     """The study's device-hours: `trials` x the mean trial's seconds x each trial's devices.
     `early_stop`: the session's ASHA settings (grace_reports, reduction_factor), None without ASHA
     (`search.study.early_stop_for_session`); `probe_tasks`: 0 without the probe; `concurrent`:
-    trials that fit at once (search.study.concurrency), of which at most `trials` run."""
+    trials that fit at once (search.resources.concurrency), of which at most `trials` run."""
     reports = progress_reports(report_every)
     if early_stop:
         from trainer.loop import max_progress_reports
 
         factor = early_stop["reduction_factor"]
-        # max_t as search.study.early_stopping gives ASHA: its rungs fall among the progress reports,
+        # max_t as search.ray_executor.early_stopping gives ASHA: its rungs fall among the progress reports,
         # so the trials that reach the end all finish and are probed.
         rungs = asha_rungs(early_stop["grace_reports"], factor, max_progress_reports(report_every) + 0.5)
         trained, finishing = asha_shares(rungs, reports, factor)
@@ -251,7 +251,8 @@ def study_estimate(checked, trials: int, max_concurrent: int | None, controller:
 
     import glue
     from search.resources import local_gpus
-    from search.study import concurrency, early_stop_for_session
+    from search.resources import concurrency
+    from search.study import early_stop_for_session
 
     name = checked.profile_path.name
     resources = checked.resources

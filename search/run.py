@@ -58,6 +58,10 @@ def build_parser() -> CliParser:
     parser.add_argument("--cpus-per-trial", type=float,
                         help="CPU cores each trial holds (default: the profile's resources.cpus_per_trial: cpu 1, "
                              "gpu auto, the node's CPUs per GPU up to 8)")
+    parser.add_argument("--executor", choices=("ray", "local"), default="ray",
+                        help="who runs the trials: ray (Ray Tune, on this machine or with --address a cluster) or "
+                             "local (this machine's own processes, without Ray: same trials, records, resume and "
+                             "early stopping)")
     parser.add_argument("--address", help="join a Ray cluster: auto or HOST:PORT (default: start Ray locally)")
     parser.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     parser.add_argument("--storage", help="Optuna study storage (default: optuna.db beside a SQLite MLflow store)")
@@ -249,6 +253,9 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
         raise UsageError("--resume: needs --study NAME (the study to continue)")
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UsageError(f"--max-concurrent: must be at least 1, got {args.max_concurrent}")
+    if args.address and args.executor == "local":
+        raise UsageError("--address: joins a Ray cluster, which --executor local does not use; drop --address, or "
+                         "pass --executor ray")
     if args.seed < 0:  # Optuna's samplers take seeds in [0, 2**32)
         raise UsageError(f"--seed: must not be negative, got {args.seed}")
     for flag, amount in (("--cpus-per-trial", args.cpus_per_trial), ("--gpus-per-trial", args.gpus_per_trial)):
@@ -364,7 +371,7 @@ def make_plan(args: argparse.Namespace) -> StudyPlan:
                                           early_stop=checked.early_stop is not None)
     return StudyPlan(study, optuna_study, args.resume, args.trials, args.controller, checked.objective, space,
                 checked.space_path, budget, template, checked.resources, args.max_concurrent, checked.early_stop,
-                tracking_uri, storage, args.address, args.seed, unigram_floor=data.unigram_floor,
+                tracking_uri, storage, args.address, args.seed, args.executor, unigram_floor=data.unigram_floor,
                 corruption_floor=data.corruption_floor, context_reference=data.context_reference)
 
 

@@ -1,6 +1,7 @@
-"""The driver's side of every trial: the controller seen by Ray Tune as a `Searcher`.
+"""The driver's side of every trial, whichever executor runs it (`search.ray_executor` hands it to
+Ray Tune as a `Searcher`; `search.local_executor` calls it directly).
 
-Ray asks `suggest` for a trial; the controller (an Optuna study, `search.controllers`) proposes an
+The executor asks `suggest` for a trial; the controller (an Optuna study, `search.controllers`) proposes an
 architecture and MLflow gets its run. Every report of the worker comes back through
 `on_trial_result`, read as the typed report it was sent as (`search.report.from_tune`), and is
 logged to MLflow in one call; `on_trial_complete` tells the study how the trial ended (complete,
@@ -17,8 +18,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-from ray.tune.search import Searcher
 
 from search import attrs, controllers
 from search import tags as tag
@@ -51,32 +50,17 @@ class TrialOutcome:
     reason: str | None = None
 
 
-class CramnasSearcher(Searcher):
+class CramnasSearcher:
     def __init__(self, study, space, objective: Objective, tracker: StudyTracker,
                  template: TrialSpec, tags: dict[str, str],
                  on_outcome: Callable[[TrialOutcome], None] | None = None):
-        super().__init__()
         self.study, self.space, self.objective, self.tracker = study, space, objective, tracker
         self.template, self.tags, self.on_outcome = template, tags, on_outcome
         self.live: dict[str, LiveTrial] = {}
         self.writes = PendingWrites(tracker.reachable)
 
-    def __getstate__(self) -> dict:
-        # Ray pickles the Tuner, searcher included, for its own experiment restore, which cramnas
-        # does not use: a study resumes from its stores (`search.run --resume`). The study's
-        # storage engine and the terminal view do not pickle, so only the identity travels.
-        return {"study_name": self.study.study_name}
-
-    def save(self, checkpoint_path: str) -> None:
-        pass  # the Optuna study is the searcher's state, saved as it changes (see __getstate__)
-
-    def restore(self, checkpoint_path: str) -> None:
-        pass
-
-    def set_search_properties(self, metric, mode, config, **spec) -> bool:
-        return True  # our objective comes from the study, not from Ray's metric/mode
-
-    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+    def suggest(self, trial_id: str) -> dict[str, Any]:
+        """The next trial's `TrialSpec` as a dict, its architecture drawn and its MLflow run opened."""
         proposal = controllers.ask(self.study, self.space)
         lineage = {attrs.GENERATION: proposal.generation, attrs.PARENT_TRIAL: proposal.parent_trial,
                    attrs.MUTATION: proposal.mutation, attrs.REPEAT_OF: proposal.repeat_of, attrs.RERUN_OF: proposal.rerun_of,
@@ -107,7 +91,9 @@ class CramnasSearcher(Searcher):
             self.writes.submit(f"trial {trial.number}'s progress",
                                lambda: self.tracker.log_progress(trial.run_id, report.tokens, report.series(), stamp))
 
-    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, died: str | None = None) -> None:
+        """The trial ended: with its final report in `result`, stopped early after its last progress
+        report (no final one), or its worker process gone (`died`: why, in the executor's words)."""
         trial = self.live.pop(trial_id, None)
         if trial is None:
             return
@@ -115,8 +101,8 @@ class CramnasSearcher(Searcher):
         final = last if isinstance(last, TrialReport) else TrialReport()
         metrics = last.last_metrics() if isinstance(last, ProgressReport) else final.recorded_metrics()
         reason = None
-        if error:
-            state, reason = FAILED, "the trial's worker died (Ray reported a trial error)"
+        if died is not None:
+            state, reason = FAILED, f"the trial's worker died ({died})"
         elif final.failed:
             state, reason = FAILED, final.reason
         elif not isinstance(last, TrialReport):

@@ -117,6 +117,7 @@ class StudyPlan:
     storage: str
     address: str | None
     seed: int
+    executor: str = "ray"  # search.run --executor: "ray" (search.ray_executor) or "local" (search.local_executor)
     # The prepared data's references (trainer/references.py): what every trial's loss is read
     # against. None only for a plan built without data.
     unigram_floor: float | None = None

@@ -1,7 +1,7 @@
 """What a trial stopped early tells the controller, and how well a report ranks the end.
 
 Optuna's GPSampler and CMA-ES fit their model on COMPLETE trials only, and evolution breeds from
-them: a trial that ASHA stopped (`search.study.early_stopping`, `search.run --early-stop`) would
+them: a trial that ASHA stopped (`search.ray_executor.early_stopping`, `search.run --early-stop`) would
 tell them nothing, so a study with early stopping models the few trials that ran to the end (5 to 7
 of 32 in the study of issue 38, mostly its first draw). `SeesStoppedTrials` wraps such a sampler:
 when it models, every stopped trial is shown to it as finished, with the final value that the

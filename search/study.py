@@ -1,5 +1,6 @@
-"""Run a checked `StudyPlan` (search.run): open or resume the study, reconcile its two stores, start
-Ray, run the remaining trials on Ray Tune, show progress, print the top 5.
+"""Run a checked `StudyPlan` (search.run): open or resume the study, reconcile its two stores, run
+the remaining trials on its executor (Ray Tune, `search.ray_executor`, or this machine's own
+processes, `search.local_executor`), show progress, print the top 5.
 
 The Optuna study is the source of truth. MLflow may be down for a while (a tracking server that
 restarts): the driver holds its records and carries on (`search.tracking.PendingWrites`), waits
@@ -9,21 +10,13 @@ up to `TRACKING_WAIT_S` at the end for the rest, and if MLflow is still away, sa
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
 import sys
-import tempfile
-import time
-from collections.abc import Callable
-from pathlib import Path
 
 import optuna
 
 from search import attrs, controllers
 from search import tags as tag
 from search.next_steps import data_settings
-from search.report import ASHA_METRIC
-from search.resources import auto_cpus_per_trial
 from search.retry import Retry, TrackingUnavailable
 from search.searcher import CramnasSearcher
 from search.spec import StudyPlan
@@ -32,9 +25,6 @@ from search.tracking import StudyTracker
 from search.view import StudyView, references_text
 from search.warm_start import describe_first_draw
 from trainer.console import count
-
-# Ray's per-trial files (results, logs) go here unless RunConfig is told otherwise (docs/stack.md).
-RAY_RESULTS = Path(tempfile.gettempdir()) / "cramnas-ray"
 
 # How long a driver write retries before MLflow counts as down and its records are held: short,
 # since Ray's event loop, and with it every trial, waits on it.
@@ -76,56 +66,6 @@ def reconcile(study: optuna.Study, tracker: StudyTracker, train: dict) -> dict[s
     return {"stale_trials": len(stale), "rebuilt_runs": rebuilt, "closed_runs": closed}
 
 
-def start_local_ray(num_cpus: int | None = None, num_gpus: int | None = None, session: str = "cramnas-ray-session") -> None:
-    """A new local Ray (address="local": never a `ray start` cluster that happens to run here)
-    whose workers run at the trials' priority.
-
-    Ray runs its workers at niceness 15 unless told otherwise: a trial then gets a fraction of a
-    core beside any ordinary process (measured: 14x fewer tokens/s beside two busy ones), and a
-    wall-clock budget measures the neighbours. The trials are this machine's work. (A `ray start`
-    cluster should be started with RAY_worker_niceness=0 for the same reason.)"""
-    import ray
-
-    os.environ.setdefault("RAY_worker_niceness", "0")
-    ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, include_dashboard=False,
-             log_to_driver=False, _temp_dir=str(Path(tempfile.gettempdir()) / session))
-
-
-def concurrency(resources: dict[str, float], have: dict[str, float], max_concurrent: int | None,
-                warn: Callable[[str], None]) -> int:
-    """How many trials run at once: min(cpus // cpus_per_trial, gpus // gpus_per_trial) over the
-    kinds a trial asks for, `have` being what Ray can place trials on (this machine, or the
-    cluster). A `--max-concurrent` above that gets one warning line and is lowered to it: Ray would
-    only queue the extra trials, already told to Optuna and RUNNING in MLflow."""
-    fits = max(1, min((int(have.get(kind, 0) // amount) for kind, amount in resources.items() if amount > 0),
-                      default=1))
-    if max_concurrent is None:
-        return fits
-    if max_concurrent > fits:
-        asked = " and ".join(f"{amount:g} {kind.upper()}" for kind, amount in resources.items() if amount > 0)
-        warn(f"warning: --max-concurrent {max_concurrent}: trials of {asked} each fit {fits} at once in "
-             f"{have.get('cpu', 0):g} CPUs and {have.get('gpu', 0):g} GPUs; running {fits} at once")
-        return fits
-    return max_concurrent
-
-
-def early_stopping(early_stop: dict, report_every: float):
-    """ASHA over a trial's progress reports (`training_iteration` counts them): rungs at
-    `grace_reports` x `reduction_factor`^k reports, all among the progress reports, which come only
-    while budget is left (`trainer.loop.Trainer.run`), so a trial is stopped before its budget is
-    spent or not at all. `max_t` lies half-way between the last progress report and the final one:
-    ASHA stops whatever reaches `max_t`, so no progress report may, and its rungs are the
-    milestones up to `max_t`; the final report (validation, probe) has no train loss, so ASHA
-    leaves it alone."""
-    from ray.tune.schedulers import ASHAScheduler
-
-    from trainer.loop import max_progress_reports
-
-    return ASHAScheduler(time_attr="training_iteration", metric=ASHA_METRIC, mode="min",
-                         max_t=max_progress_reports(report_every) + 0.5, grace_period=early_stop["grace_reports"],
-                         reduction_factor=early_stop["reduction_factor"])
-
-
 def early_stop_for_session(early_stop: dict | None, trials: int) -> tuple[dict | None, str | None]:
     """The ASHA settings for a session of `trials` trials, and the line that says early stopping is
     off when there are too few of them for its rungs (`early_stop["min_trials"]`, search.run)."""
@@ -136,16 +76,6 @@ def early_stop_for_session(early_stop: dict | None, trials: int) -> tuple[dict |
 
 
 def run_study(plan: StudyPlan) -> int:
-    import ray
-    from ray import tune
-    from ray.tune.schedulers import FIFOScheduler
-
-    from search.trial import ShippedData, run_trial
-    from trainer.data import entry_files
-
-    # Tune's result files are off (records live in MLflow), so its post-run analysis finds none.
-    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-
     study = plan.optuna_study
     train = plan.template.train.to_dict()
     if not plan.resume:  # what export needs to write a config that trainer.cram runs unchanged
@@ -186,44 +116,23 @@ def run_study(plan: StudyPlan) -> int:
     view = StudyView(plan, study, tracker, already_done=done, remaining=max(remaining, 0))
     searcher = None
     if remaining > 0:
-        if plan.address:
-            ray.init(address=plan.address, log_to_driver=False)
+        if plan.executor == "local":
+            from search.local_executor import run_locally as execute
         else:
-            start_local_ray()
-        placeable = ray.cluster_resources()  # this machine's, or the cluster's with --address
-        if plan.resources["cpu"] is None:  # `cpus_per_trial: auto` with --address: the cluster's CPUs per GPU
-            plan.resources["cpu"] = auto_cpus_per_trial(placeable.get("CPU", 1), placeable.get("GPU", 0),
-                                                        plan.resources["gpu"])
-        concurrent = concurrency(plan.resources, {"cpu": placeable.get("CPU", 1), "gpu": placeable.get("GPU", 0)},
-                                 plan.max_concurrent, lambda line: print(line, file=sys.stderr))
-        shipped = None
-        if plan.address:  # other nodes may lack the driver's cache: each fetches the data once (ShippedData)
-            shipped = ShippedData(ray.put(entry_files(plan.template.data_fingerprint, plan.template.cache_dir)))
+            from search.ray_executor import run_on_ray as execute
         searcher = CramnasSearcher(study, plan.space, plan.objective, tracker, plan.template,
                                    {attrs.CONTROLLER: plan.controller}, on_outcome=view.record)
-        scheduler = FIFOScheduler()
         early_stop, off = early_stop_for_session(plan.early_stop, remaining)
         if off:
             print(off)
-        if early_stop:
-            scheduler = early_stopping(early_stop, plan.template.train.report_every)
-        tuner = tune.Tuner(
-            tune.with_resources(tune.with_parameters(run_trial, shipped=shipped), plan.resources),
-            tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=remaining,
-                                        max_concurrent_trials=concurrent, reuse_actors=True),
-            run_config=tune.RunConfig(name=f"{plan.study}-{int(time.time())}", storage_path=str(RAY_RESULTS),
-                                      verbose=0, callbacks=[view.callback()]),
-        )
         try:
             with view.live():
-                tuner.fit()
+                execute(plan, searcher, view, early_stop, remaining)
         except KeyboardInterrupt:
             close_tracking(plan, tracker, searcher, "KILLED", wait_s=DRIVER_RETRY_S)  # `--resume` reopens it
             print(f"interrupted: resume with  python -m search.run --study {plan.study} --resume "
                   f"--trials {plan.trials}")
             return 130
-        finally:
-            ray.shutdown()
     if not close_tracking(plan, tracker, searcher, "FINISHED", wait_s=TRACKING_WAIT_S):
         return 1
     view.final_table()

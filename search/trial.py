@@ -1,14 +1,16 @@
-"""One search trial inside a Ray worker: cram the architecture, then probe it on GLUE.
+"""One search trial in its worker: cram the architecture, then probe it on GLUE. The worker is a
+Ray worker (`search.ray_executor`) or a process of the driver's own (`search.local_executor`);
+either hands `execute_trial` its way to report and where the trial was placed.
 
-The worker reports to Ray Tune and nothing else: every record (Optuna study, MLflow run) is written
-by the driver when it sees these reports (`search.searcher`), so a worker that dies can lose no
+The worker reports to its executor and nothing else: every record (Optuna study, MLflow run) is
+written by the driver when it sees these reports (`search.searcher`), so a worker that dies can lose no
 record. A trial never raises: an exception becomes a final report with `failed` and its reason,
 so one bad architecture costs one trial, not the study.
 
 Reports, in order (typed in `search.report`, which the driver reads them back with):
 - `budget_fraction`, `train_loss`, `tokens`, `tokens_per_s` at each 1/16 of the budget before its
   end (15 at most): the rungs on which ASHA compares trials by their train loss (`ASHA_METRIC`;
-  `training_iteration` counts them; `search.study.early_stopping`). None comes at the end of the
+  `training_iteration` counts them; `search.ray_executor.early_stopping`). None comes at the end of the
   budget, so a trial ASHA stops has budget left, and one that spends it is validated and probed;
 - one final report with `final=True`: `validation_loss` and its parts by corruption kind
   (`validation_loss.mask`, `.random`, `.unchanged`), the references it is read against
@@ -39,9 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ray
 import torch
-from ray import tune
 
 from search.report import ProgressReport, TrialReport, trial_metrics
 from search.spec import Probe, TrialSpec
@@ -56,15 +56,27 @@ from trainer.data import PretrainData, open_prepared
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where the executor put a trial: the CPUs it reserved (None: not counted), the GPUs it gave
+    (ids as the executor names them), the node (Ray's id; None on the driver's machine)."""
+
+    cpus: float | None = None
+    gpu_ids: tuple[str, ...] = ()
+    node: str | None = None
+
+
+@dataclass(frozen=True)
 class ShippedData:
     """The driver's prepared data (`trainer.data.entry_files`) in Ray's object store, put there once
     per study on a cluster (`search.study`). This wrapper, not the data, is what every trial gets
     (`tune.with_parameters` would fetch a bare reference for each): only a trial on a node whose
     cache lacks the entry fetches it, and writes it there for the node's later trials."""
 
-    ref: ray.ObjectRef
+    ref: Any  # a ray.ObjectRef: Ray is imported only by the Ray executor
 
     def fetch(self) -> dict:
+        import ray
+
         return ray.get(self.ref)
 
 
@@ -90,27 +102,27 @@ def use_compile_env(env: dict[str, str]) -> None:
         inductor_config.compile_threads = int(env["TORCHINDUCTOR_COMPILE_THREADS"])
 
 
-def run_trial(config: dict[str, Any], shipped: ShippedData | None = None) -> None:
-    """Ray Tune function trainable. `config` is the `TrialSpec.to_dict()` `CramnasSearcher.suggest`
-    returned; `shipped`, the driver's data on a cluster (None: every trial shares the driver's cache)."""
+def execute_trial(config: dict[str, Any], report: Callable[[dict[str, Any]], None],
+                  placement: Placement = Placement(), shipped: ShippedData | None = None) -> None:
+    """Run the trial `config` describes (the `TrialSpec.to_dict()` `CramnasSearcher.suggest`
+    returned), sending its reports through `report`, which may stop it by raising (an executor's
+    early stopping): `shipped` is the driver's data on a cluster (None: every trial shares the
+    driver's cache)."""
     spec = TrialSpec.from_dict(config)
-    # Before anything compiles; the CPUs are those Ray reserved for this trial (outside a Ray worker,
-    # as when a test calls this, asking would start a Ray instance: no count then).
-    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU") if ray.is_initialized() else None
-    use_compile_env(compile_env(cpus, spec.cache_dir))
+    use_compile_env(compile_env(placement.cpus, spec.cache_dir))  # before anything compiles
     if spec.repeat_of is not None:  # dedupe: this architecture was trained already
-        tune.report(TrialReport.repeat(spec.recorded).to_tune())
+        report(TrialReport.repeat(spec.recorded).to_tune())
         return
     started = time.perf_counter()
     try:
-        final = _train_and_report(spec, shipped)
+        final = _train_and_report(spec, report, placement, shipped)
     except Exception as error:  # noqa: BLE001 - any failure is this trial's, recorded with its reason
-        tune.report(TrialReport.failure(f"{type(error).__name__}: {error}", traceback.format_exc(),
-                                        time.perf_counter() - started).to_tune())
+        report(TrialReport.failure(f"{type(error).__name__}: {error}", traceback.format_exc(),
+                                   time.perf_counter() - started).to_tune())
         return
-    finally:  # also when ASHA stops the trial, by raising SystemExit inside one of its reports
+    finally:  # also when early stopping ends the trial, by raising inside one of its reports
         hand_back_memory()
-    tune.report(final.to_tune())
+    report(final.to_tune())
 
 
 def hand_back_memory() -> None:
@@ -159,11 +171,11 @@ def injected_faults(trial_number: int) -> frozenset[str]:
     return parse_faults(os.environ.get("CRAMNAS_INJECT_FAULT", "")).get(trial_number, frozenset())
 
 
-def trial_device(gpu_ids: list) -> torch.device:
-    """CUDA only when Ray gave this trial GPUs (`ray.get_gpu_ids()`): Ray then sets
-    CUDA_VISIBLE_DEVICES to them, so `cuda` is the trial's own. Otherwise the CPU, even on a GPU
-    host: Ray 2.6x no longer hides the GPUs from a worker that asked for none, so
-    `trainer.device.pick_device` would take GPU 0."""
+def trial_device(gpu_ids: tuple[str, ...] | list[str]) -> torch.device:
+    """CUDA only when the executor gave this trial GPUs, and then the trial's own: Ray sets
+    CUDA_VISIBLE_DEVICES to them, the local executor makes the first the current device. Otherwise
+    the CPU, even on a GPU host: Ray 2.6x no longer hides the GPUs from a worker that asked for
+    none, so `trainer.device.pick_device` would take GPU 0."""
     if gpu_ids and torch.cuda.is_available():
         return torch.device("cuda")
     return torch.device("cpu")
@@ -193,7 +205,8 @@ def cram_and_probe(arch: ArchConfig, train: TrainConfig, data: PretrainData, bud
     return result.to_dict(), probe_result
 
 
-def _train_and_report(spec: TrialSpec, shipped: ShippedData | None) -> TrialReport:
+def _train_and_report(spec: TrialSpec, send: Callable[[dict[str, Any]], None], placement: Placement,
+                      shipped: ShippedData | None) -> TrialReport:
     """A trial's cram and probe, with its progress reports and injected faults: the final report."""
     number = spec.trial_number
     faults = injected_faults(number)
@@ -209,8 +222,7 @@ def _train_and_report(spec: TrialSpec, shipped: ShippedData | None) -> TrialRepo
     def report(progress: Progress) -> None:
         if "nan" in faults:
             raise NonFiniteLoss(progress.step, float("nan"))
-        tune.report(ProgressReport(progress.fraction, progress.train_loss, progress.tokens,
-                                   progress.tokens_per_s).to_tune())
+        send(ProgressReport(progress.fraction, progress.train_loss, progress.tokens, progress.tokens_per_s).to_tune())
 
     def out_of_memory(rows: int) -> None:  # "oom": memory for half the micro-batch only
         if rows > max(1, train.micro_batch // 2):
@@ -221,7 +233,7 @@ def _train_and_report(spec: TrialSpec, shipped: ShippedData | None) -> TrialRepo
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
     save_to = spec.checkpoint_path()
-    gpu_ids = [str(gpu) for gpu in ray.get_gpu_ids()]
+    gpu_ids = list(placement.gpu_ids)
     device = trial_device(gpu_ids)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -232,6 +244,6 @@ def _train_and_report(spec: TrialSpec, shipped: ShippedData | None) -> TrialRepo
     return TrialReport(
         trial_metrics(cram_dict, probe_result),
         result={"cram": cram_dict, "probe": probe_result, "gpu_ids": gpu_ids,
-                "data": {"source": data_source, "node": ray.get_runtime_context().get_node_id()}},
+                "data": {"source": data_source, "node": placement.node}},
         checkpoint_path=None if save_to is None else str(save_to),
         gpu_peak_gb=torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None)

@@ -10,7 +10,6 @@ import sys
 import time
 
 import optuna
-from ray.tune import Callback
 from rich import box
 from rich.console import Console
 from rich.live import Live
@@ -57,22 +56,6 @@ def below_floor(metrics: dict[str, float], unit: str = " nats", short: bool = Fa
     return "n/a"
 
 
-class _RunningCounter(Callback):
-    def __init__(self, view: StudyView):
-        self.view = view
-
-    def __getstate__(self) -> dict:
-        return {}  # pickled with the Tuner (see CramnasSearcher.__getstate__); the view stays here
-
-    def on_trial_start(self, iteration, trials, trial, **info):
-        self.view.running += 1
-
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        self.view.running = max(0, self.view.running - 1)
-
-    on_trial_error = on_trial_complete
-
-
 class StudyView:
     def __init__(self, plan: StudyPlan, study: optuna.Study, tracker: StudyTracker, already_done: int, remaining: int):
         self.plan, self.study, self.tracker = plan, study, tracker
@@ -86,8 +69,11 @@ class StudyView:
         self.console = Console(width=None if self.terminal else TABLE_WIDTH)
         self._live: Live | None = None
 
-    def callback(self) -> Callback:
-        return _RunningCounter(self)
+    def trial_started(self) -> None:
+        self.running += 1
+
+    def trial_ended(self) -> None:
+        self.running = max(0, self.running - 1)
 
     def _key(self, outcome: TrialOutcome) -> float | None:
         """The outcome's sort key by the objective (lower is better); None without its metric."""

@@ -86,7 +86,7 @@ def test_without_asha_compile_or_probe():
 def test_a_cpu_study_counts_cpu_hours_and_prices_flops_at_the_recorded_speed():
     result = study(budget=Budget.parse("1e13flops"), compile_model=False, resources={"cpu": 1, "gpu": 0}, concurrent=2,
                    early_stop={"grace_reports": 4, "reduction_factor": 2}, probe_tasks=3, probe_seconds_per_task=5.0)
-    # search.study.early_stopping's rungs: 4 and 8 of the 15 progress reports (max_t 15.5), none at the
+    # search.ray_executor.early_stopping's rungs: 4 and 8 of the 15 progress reports (max_t 15.5), none at the
     # end, so the quarter that trains to the end is all probed: 4/16 + 4/16 / 2 + 8/16 / 4 trained.
     trained, probed = asha_shares([4, 8], 16, 2)
     assert (trained, probed) == pytest.approx((0.5, 1 / 4))

@@ -17,7 +17,8 @@ from unittest import mock
 
 import pytest
 
-from search.study import concurrency, start_local_ray
+from search.ray_executor import start_local_ray
+from search.resources import concurrency
 
 
 @pytest.mark.parametrize(("resources", "have", "expected"), [

@@ -1,5 +1,6 @@
 """benchmarks/gpu_session.sh runs on a CPU (issue 20 §6): its dry run takes every step of the GPU
-session (interpreter check, compile preflight, gpu_check, cram, a 2-trial search, the probe) at
+session (interpreter check, compile preflight, gpu_check, cram, a 4-trial search on the local
+executor, the probe) at
 tiny sizes, so that the one device call a session gets is known not to fail on the script."""
 
 from __future__ import annotations
@@ -30,5 +31,5 @@ def test_the_gpu_session_dry_run_runs_every_step(wiki_slice_dir, tmp_path):
     assert "compile=False steps=3 tokens/s=" in log  # the dry run's gpu_check: 3 steps of 6 micro-batches
     assert json.loads((out / "cram_result.json").read_text())["tokens"] > 0
     trials = json.loads((out / "search_trials.json").read_text())
-    assert [trial["state"] for trial in trials] == ["COMPLETE", "COMPLETE"]
+    assert [trial["state"] for trial in trials] == ["COMPLETE"] * 4
     assert all("probe_average" in trial["attrs"]["metrics"] for trial in trials)

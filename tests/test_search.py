@@ -1,4 +1,5 @@
-"""`python -m search.run` end to end on CPU: real (tiny) trials on Ray, both stores checked.
+"""`python -m search.run` end to end on CPU: real (tiny) trials on Ray (and, where marked, on the
+local executor), both stores checked.
 
 Trials cram a tiny space on the Wikipedia slice for 2e4 tokens; these studies skip the GLUE probe
 (objective mlm) to stay fast (the fault-injection study in tests/reliability/ runs it). After every
@@ -85,11 +86,12 @@ def test_repeated_architecture_is_not_trained_again(args, tmp_path):
     assert by_trial[1]["tags.cramnas.repeat_of"] == "0"
 
 
-def test_asha_stops_trials_behind_on_their_train_loss(args, tmp_path):
-    """One trial at a time, so each meets the rungs of those before it: ASHA (on by default) stops
-    the ones whose train loss is behind, and both stores say so."""
+@pytest.mark.parametrize("executor", ["ray", "local"])
+def test_asha_stops_trials_behind_on_their_train_loss(executor, args, tmp_path):
+    """One trial at a time, so each meets the rungs of those before it: ASHA (on in the tiny profile)
+    stops the ones whose train loss is behind, and both stores say so."""
     assert main(args("asha", "--trials", "6", "--controller", "random", "--objective", "mlm", "--no-probe",
-                     "--max-concurrent", "1")) == 0
+                     "--max-concurrent", "1", "--executor", executor)) == 0
     study, runs = check_stores_agree(tmp_path, "asha", 6)
     pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
     assert pruned, "ASHA stopped no trial: does it see the progress reports' train_loss?"

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import search.trial
+from search.local_executor import TrialStopped
 from search.run import repeat_warning_for_study
 from search.spec import TrialSpec
 from space import load_space
@@ -55,9 +56,11 @@ def test_the_drivers_speed_probe_for_cpu_trials_never_initialises_cuda(wiki_slic
     assert gpu_host == [] and not torch.cuda.is_initialized()
 
 
-def test_a_trial_asha_stops_frees_its_model_before_the_worker_moves_on(wiki_slice, monkeypatch):
-    """Ray stops a trial by raising SystemExit(0) inside its `tune.report`: its model must not
-    outlive the trial, whose frames that exception's traceback holds."""
+@pytest.mark.parametrize("stop", [SystemExit(0), TrialStopped()], ids=["ray", "local"])
+def test_a_trial_asha_stops_frees_its_model_before_the_worker_moves_on(stop, wiki_slice, monkeypatch):
+    """Ray stops a trial by raising SystemExit(0) inside its `tune.report`, the local executor by
+    raising TrialStopped in its report: the model must not outlive the trial, whose frames that
+    exception's traceback holds."""
     models = []
     build = loop.CrammedBert
 
@@ -66,17 +69,15 @@ def test_a_trial_asha_stops_frees_its_model_before_the_worker_moves_on(wiki_slic
         models.append(weakref.ref(model))
         return model
 
-    def tune_report(metrics):
+    def report(metrics):
         if not metrics["final"]:
-            raise SystemExit(0)  # what ray.train's session does when the scheduler says STOP
+            raise stop  # what ray.train's session, or the local worker, does when early stopping says stop
 
     monkeypatch.setattr(loop, "CrammedBert", tracked)
     monkeypatch.setattr(search.trial, "open_prepared", lambda *args: (wiki_slice, "cache"))
-    monkeypatch.setattr(search.trial.ray, "get_gpu_ids", lambda: [])
-    monkeypatch.setattr(search.trial.tune, "report", tune_report)
     spec = TrialSpec(TRAIN, Budget.parse(f"{16 * 4 * SLICE_SEQ}tokens"), wiki_slice.fingerprint, arch=ARCH,
                      trial_number=0)
-    with pytest.raises(SystemExit) as stopped:
-        search.trial.run_trial(spec.to_dict())
-    assert stopped.value.code == 0 and len(models) == 1
+    with pytest.raises(type(stop)) as stopped:
+        search.trial.execute_trial(spec.to_dict(), report)
+    assert len(models) == 1
     assert models[0]() is None  # with the frames' variables still held by `stopped`, it would be alive

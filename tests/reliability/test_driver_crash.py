@@ -1,4 +1,4 @@
-"""The study driver SIGKILLed mid-study (its Ray processes with it), twice, then `--resume`: the
+"""The study driver SIGKILLed mid-study (its Ray processes, or the local executor's, with it), twice, then `--resume`: the
 study reaches exactly its requested total of trials with results, both stores agree, no run is
 left RUNNING, and every architecture the dead drivers left in flight is trained again, once, in a
 new trial linked to the one cut short."""
@@ -38,10 +38,12 @@ def _reruns_asked(tmp_path) -> bool:
 @requires_shared_data
 @pytest.mark.slow
 @pytest.mark.subprocess
+@pytest.mark.parametrize("executor", ["ray", "local"])
 def test_driver_killed_twice_resumes_to_the_exact_total_re_running_what_was_in_flight(
-        wiki_slice_dir, slice_cache, tmp_path, capsys):
+        executor, wiki_slice_dir, slice_cache, tmp_path, capsys):
     args = study_args(tmp_path, wiki_slice_dir, "killed", "--trials", "8", "--controller", "tpe",
-                      "--objective", "mlm", "--no-probe", "--no-early-stop", cache_dir=slice_cache)
+                      "--objective", "mlm", "--no-probe", "--no-early-stop", "--executor", executor,
+                      cache_dir=slice_cache)
 
     def driver(*extra: str, log: str | None = None) -> subprocess.Popen:
         out = open(tmp_path / log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - closed with the process

@@ -41,12 +41,14 @@ def test_a_misspelt_fault_fails_the_study_in_one_line(wiki_slice_dir, tmp_path, 
 
 @requires_shared_data
 @pytest.mark.slow
-def test_each_fault_costs_only_its_trial(wiki_slice_dir, slice_cache, tmp_path, monkeypatch):
+@pytest.mark.parametrize("executor", ["ray", "local"])
+def test_each_fault_costs_only_its_trial(executor, wiki_slice_dir, slice_cache, tmp_path, monkeypatch):
     """Trials 0 and 6 are healthy; 1-5 each get one fault. The GLUE probe runs in the complete
-    trials and each writes its checkpoint (--save-checkpoints)."""
+    trials and each writes its checkpoint (--save-checkpoints). On either executor: a worker
+    process SIGKILLed (trial 5) is a Ray worker or a process of the local executor's."""
     monkeypatch.setenv("CRAMNAS_INJECT_FAULT", FAULTS)
     code = main(study_args(tmp_path, wiki_slice_dir, "faults", "--trials", "7", "--controller", "random",
-                           "--no-early-stop", "--save-checkpoints", cache_dir=slice_cache))
+                           "--no-early-stop", "--save-checkpoints", "--executor", executor, cache_dir=slice_cache))
     assert code == 0
     study, runs = check_stores_agree(tmp_path, "faults", 7)
     complete, failed = TrialState.COMPLETE, TrialState.FAIL
