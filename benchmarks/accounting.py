@@ -45,7 +45,7 @@ from pathlib import Path
 
 from fidelity import UNIT, correlation, cram_job, worker_died
 
-from search.stats import interval, mean_interval, paired
+from search.analysis.stats import interval, mean_interval, paired
 from space.arch import ArchConfig, ArchError
 from space.errors import UsageError
 from trainer.budget import Budget
@@ -119,8 +119,8 @@ def path_compute(tracking_uri: str, study_name: str) -> dict[str, float]:
     """FLOPs of every confirmation and baseline run `search.confirm` recorded for the study in MLflow,
     a promotion ladder's rungs included: what the path from the study to the final run spent besides
     the study's own trials (issue 26 §3). A run that reported no tokens (failed early) counts 0."""
-    from search.params import params_under
-    from search.tracking import StudyTracker
+    from search.tracking.params import params_under
+    from search.tracking.tracker import StudyTracker
 
     tracker = StudyTracker(tracking_uri, study_name)
     flops, runs = 0.0, 0
@@ -138,8 +138,8 @@ def path_compute(tracking_uri: str, study_name: str) -> dict[str, float]:
 
 def read_path_compute(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, float]:
     """`path_compute` of `--tracking-uri` for `--study`, or a one-line usage error (exit 2)."""
-    from search.retry import TrackingError
-    from search.stores import resolve_uri, sqlite_path
+    from search.tracking.retry import TrackingError
+    from search.tracking.stores import resolve_uri, sqlite_path
 
     if not (args.study and args.storage):
         parser.error("--tracking-uri: the path's payback is a study's; give --study and --storage too")
@@ -157,8 +157,8 @@ def study_winner(storage: str, study_name: str, trial: int | None = None) -> tup
     training settings and its trial budget."""
     import optuna
 
-    from search.export import ranked_trials
-    from search.objectives import OBJECTIVES
+    from search.analysis.ranking import ranked_trials
+    from search.base.objectives import OBJECTIVES
 
     study = optuna.load_study(study_name=study_name, storage=storage)
     ranked = ranked_trials(study, OBJECTIVES["mlm"])

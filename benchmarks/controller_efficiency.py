@@ -3,7 +3,7 @@
 No training: every trained trial is scored by `benchmarks/surrogate.py`, gradient boosting fitted to
 the crams of `benchmarks/cram_table.csv` (as NAS-Bench-301 and YAHPO do), plus Gaussian noise with
 the seed-to-seed standard deviation measured in that table, so a controller sees what a study sees:
-a noisy loss. Each controller runs through `search.controllers` exactly as a study would
+a noisy loss. Each controller runs through `search.study.controllers` exactly as a study would
 (open_study, ask, tell; in-memory storage), single objective `mlm` (validation loss, minimised),
 one study per seed. A repeat of an architecture already trained is told the recorded value for
 free, as the search driver does, and is not counted as a trial. Four variants, the first draw's two
@@ -50,8 +50,8 @@ from threadpoolctl import threadpool_limits
 sys.path.insert(0, str(Path(__file__).parent))
 import surrogate as surrogates  # noqa: E402
 
-from search.controllers import CONTROLLERS, ask, open_study, tell  # noqa: E402
-from search.warm_start import hand_designs  # noqa: E402
+from search.study.controllers import CONTROLLERS, ask, open_study, tell  # noqa: E402
+from search.study.warm_start import hand_designs  # noqa: E402
 from space import ArchConfig, SearchSpace  # noqa: E402
 from trainer.console import CliParser  # noqa: E402
 
@@ -260,7 +260,7 @@ def main() -> None:
     caps = parse_caps(parser, args.cap)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    logging.getLogger("search.controllers").setLevel(logging.ERROR)  # cmaes's note would repeat per study
+    logging.getLogger("search.study.controllers").setLevel(logging.ERROR)  # cmaes's note would repeat per study
     if "gp" in args.controllers:  # Optuna's GP runs on torch, whose threads threadpoolctl does not set
         import torch
 

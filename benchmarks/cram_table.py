@@ -6,7 +6,7 @@ small table in the repository, the ground truth that `benchmarks/surrogate.py` f
         [--rows 300] [--budget 2e12flops] [--repeats 12] [--study NAME --storage URL] [--jobs 2]
 
 What is crammed, in this order, with the profile's trial settings and the same data:
-- the profile's hand designs that are members of its space (`search.warm_start.HAND_DESIGNS`),
+- the profile's hand designs that are members of its space (`search.study.warm_start.HAND_DESIGNS`),
   seeds 0, 1 and 2: the baselines every controller is read against;
 - a space-filling design of `--rows` architectures (`space.design.covering_design`: balanced over
   every choice and bool, Latin over every range), seed 0, in an order where every prefix is itself
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fidelity import cram_job, profile_setup, worker_died  # noqa: E402
 
 from search.run import SPACES  # noqa: E402
-from search.warm_start import hand_designs  # noqa: E402
+from search.study.warm_start import hand_designs  # noqa: E402
 from space.arch import FIELD_TYPES, ArchConfig  # noqa: E402
 from space.design import covering_design  # noqa: E402
 from space.search_space import load_space  # noqa: E402
@@ -87,7 +87,7 @@ def study_members(space, storage: str, name: str) -> list[tuple[str, ArchConfig]
     import optuna
     from optuna.trial import TrialState
 
-    from search import attrs
+    from search.base import attrs
 
     study = optuna.load_study(study_name=name, storage=storage)
     found = [(f"trial:{name}:{t.number}", ArchConfig.from_dict(t.user_attrs[attrs.ARCH]))

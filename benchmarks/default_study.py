@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from search.estimate import asha_rungs
-from search.paths import PROFILES
+from search.analysis.stats import interval, paired
+from search.base.paths import PROFILES
 from search.run import load_profile
-from search.stats import interval, paired
-from search.stopped import rung_ranking
+from search.study.estimate import asha_rungs
+from search.study.stopped import rung_ranking
 from space.arch import ArchConfig
 
 CRAMS = Path(__file__).resolve().parent / "crams"
@@ -47,9 +47,9 @@ ASHA = load_profile(PROFILES / "cpu.yaml")["early_stop"]  # the rungs `search.ru
 def export_study(study_name: str, storage: str, tracking_uri: str | None) -> list[Path]:
     import optuna
 
-    from search import attrs
-    from search.states import state_of_trial
-    from search.view import first_draw_mark
+    from search.base import attrs
+    from search.base.states import state_of_trial
+    from search.study.view import first_draw_mark
 
     study = optuna.load_study(study_name=study_name, storage=storage)
     rows = []

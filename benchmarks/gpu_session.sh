@@ -60,7 +60,7 @@ else
 fi
 { command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$py" -c "import torch; print('python', __import__('sys').version.split()[0], 'torch', torch.__version__, 'at', torch.__file__, 'cuda', torch.version.cuda)"
-  "$py" -c "import datasets, optuna, mlflow, trainer, search.local_executor; print('imports: ok (datasets', datasets.__version__, 'optuna', optuna.__version__, 'mlflow', mlflow.__version__ + ')')" \
+  "$py" -c "import datasets, optuna, mlflow, trainer, search.study.local_executor; print('imports: ok (datasets', datasets.__version__, 'optuna', optuna.__version__, 'mlflow', mlflow.__version__ + ')')" \
     || echo "error: a package is missing: carry its wheel in .whl/ (benchmarks/gpu_wheels.sh)"; } 2>&1 | tee -a "$log"
 
 # 1. Inductor needs a C compiler and Python's headers (Triton builds a launcher per kernel) and a

@@ -14,7 +14,7 @@ difference in which the subset's luck cancels.
 
 Printed: the pretrained encoders' validation MLM loss against their references and their regime
 (trainer/regimes.py), then a markdown table per probe and entry: pretrained mean ± 95% CI
-(Student t, search/stats.py), random mean ± CI, and the paired difference ± CI with whether that
+(Student t, search/analysis/stats.py), random mean ± CI, and the paired difference ± CI with whether that
 interval excludes zero (outside or within noise). Every finished cram and probe is appended to `--out` as one
 JSON line, the crams' checkpoints kept in `--work-dir`; a second call skips what is there
 (resumable). A run's lines carry a key of its settings, so other settings never mix in.
@@ -34,7 +34,7 @@ from fidelity import profile_setup
 
 from glue import ProbeLimits, linear_probe, probe
 from glue.data import resolve_tasks
-from search.stats import interval, paired
+from search.analysis.stats import interval, paired
 from space.arch import ArchConfig
 from space.errors import CramnasError
 from trainer.budget import Budget

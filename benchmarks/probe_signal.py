@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from glue import DEFAULT_PROBE_TASKS, ProbeLimits, probe
-from search.stats import plus_minus
+from search.analysis.stats import plus_minus
 from trainer.budget import Budget
 from trainer.checkpoint import load_checkpoint
 from trainer.config import load_run_config
@@ -33,7 +33,7 @@ CONFIG = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "crammed-
 
 
 def mean_std(values: list[float]) -> str:
-    """Mean ± standard deviation (not a 95% interval) x 100, search.stats's `a ± b` formatting."""
+    """Mean ± standard deviation (not a 95% interval) x 100, search.analysis.stats's `a ± b` formatting."""
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
     return plus_minus(statistics.mean(values), spread, 1, scale=100)
 

@@ -51,11 +51,11 @@ import pandas as pd
 from accounting import LADDER
 from fidelity import correlation
 
-from search import tags as tag
-from search.params import params_under
+from search.analysis.stats import interval, paired
+from search.base import tags as tag
 from search.run import CONFIGS, PROFILES, load_profile
 from search.run import parse_args as search_run_args
-from search.stats import interval, paired
+from search.tracking.params import params_under
 from space.arch import ArchConfig
 from trainer.budget import Budget
 from trainer.config import load_run_config
@@ -202,7 +202,7 @@ def by_budget(groups: dict[tuple[str, ...], pd.DataFrame], make: Callable[[str],
 
 def read(uri: str, studies: list[Study], baselines_in: str) -> Results:
     """Every study's confirmed candidates and the baselines of `baselines_in`, from MLflow."""
-    from search.tracking import StudyTracker
+    from search.tracking.tracker import StudyTracker
 
     groups = per_seed(StudyTracker(uri, baselines_in).baseline_table(), [BUDGET, tag.column(tag.BASELINE_NAME)])
     baselines = by_budget(groups, lambda name: Configuration(
@@ -212,7 +212,7 @@ def read(uri: str, studies: list[Study], baselines_in: str) -> Results:
 
 def confirmed(uri: str, study: Study) -> list[Configuration]:
     """The study's confirmed candidates."""
-    from search.tracking import StudyTracker
+    from search.tracking.tracker import StudyTracker
 
     tracker = StudyTracker(uri, study.name)
     trials = tracker.trial_table().set_index("run_id")
@@ -340,7 +340,7 @@ def seed_list(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from search.controllers import CONTROLLERS
+    from search.study.controllers import CONTROLLERS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="data directory, e.g. ../shared/data")

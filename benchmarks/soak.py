@@ -5,7 +5,7 @@
 
 Runs `python -m search.run` (CPU profile, no probe, checkpoints saved so that a full disk can be
 injected) in a scratch directory with `CRAMNAS_INJECT_FAULT` naming about `--fault-rate` of the
-trial numbers, each with a fault kind drawn from `search.trial.FAULT_KINDS`. Then checks:
+trial numbers, each with a fault kind drawn from `search.study.trial.FAULT_KINDS`. Then checks:
 - the study's two stores agree run for run and add up to `--trials` (`search.audit`);
 - each injected fault had its fate: exception, nan, kill and diskfull fail their trial with a
   reason (a diskfull trial that ASHA pruned before its checkpoint write is pruned instead); oom
@@ -31,7 +31,7 @@ FAILS = {"exception": ("RuntimeError", "injected"), "nan": ("NonFiniteLoss",), "
 
 
 def draw_faults(trials: int, rate: float, seed: int) -> dict[int, str]:
-    from search.trial import FAULT_KINDS
+    from search.study.trial import FAULT_KINDS
 
     rng = random.Random(seed)
     numbers = sorted(rng.sample(range(trials), max(1, round(rate * trials))))
@@ -62,7 +62,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from search.audit import audit_study
-    from search.tracking import StudyTracker
+    from search.tracking.tracker import StudyTracker
 
     faults = draw_faults(args.trials, args.fault_rate, args.seed)
     spec = ";".join(f"{kind}@{','.join(str(n) for n, k in faults.items() if k == kind)}"

@@ -63,11 +63,11 @@ from pathlib import Path
 from accounting import CONFIGS, Crams
 from fidelity import correlation
 
-from search.ladder import DEFAULT_ETA
+from search.analysis.ladder import DEFAULT_ETA
+from search.analysis.stats import Difference, interval
+from search.analysis.stats import paired as paired_difference
 from search.sizing import SizingError, best_cell, fit_lines, fit_size, load_size_fit, non_embedding_params, short_count, size_name
 from search.sizing import resized as sized_run
-from search.stats import Difference, interval
-from search.stats import paired as paired_difference
 from space.arch import ArchConfig
 from space.errors import CramnasError, UsageError
 from trainer.budget import Budget
@@ -183,10 +183,10 @@ def best(table: dict[str, dict[float, Cell]], names, m: float) -> str | None:
 
 def replayed_ladder(table: dict[str, dict[float, Cell]], candidates: list[str], rungs, eta: int) -> str | None:
     """The pick of `search.confirm --ladder` over these crams: every candidate at the first rung, the
-    best 1/eta by mean (`search.ladder.kept`) up each rung, the best at the highest rung reached.
+    best 1/eta by mean (`search.analysis.ladder.kept`) up each rung, the best at the highest rung reached.
     The ladder would cram exactly these (the same models, seeds and budgets; a cram here repeats to
     the last digit), so replaying it costs nothing; a rung not crammed yet ends the replay."""
-    from search.ladder import kept
+    from search.analysis.ladder import kept
 
     climbing, chosen = list(candidates), None  # in the given order: of equal means the earlier goes up
     for rung in rungs:
@@ -499,8 +499,8 @@ def study_candidates(storage, study_name: str, top: int, pick: int | None) -> tu
     among them when it is not, the study's training settings and its trial budget."""
     import optuna
 
-    from search.export import ranked_trials
-    from search.objectives import OBJECTIVES
+    from search.analysis.ranking import ranked_trials
+    from search.base.objectives import OBJECTIVES
 
     if isinstance(storage, str) and storage.startswith("sqlite:///") and not Path(storage[10:]).is_file():
         raise UsageError(f"--storage: {storage[10:]} does not exist")  # optuna would create an empty one

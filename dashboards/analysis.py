@@ -1,14 +1,14 @@
 """The statistics behind the study report, as plain functions on pandas frames of runs. The frames
 and the statistics the search shares (the score, confirmations, hand design, regimes) are in
-search/run_frames.py; the rest is here.
+search/analysis/run_frames.py; the rest is here.
 
-Frames are what `search.tracking.StudyTracker.trial_table` returns (one row per run: `trial`,
+Frames are what `search.tracking.tracker.StudyTracker.trial_table` returns (one row per run: `trial`,
 `run_id`, `status`, `start_time`, `end_time`, `params.*`, `metrics.*`, `tags.*`); `prepare` adds
 the few derived columns every view needs. Nothing here reads a store or draws anything, so each
 function is tested against scipy on hand-built frames. Parameter importance, which needs an Optuna
 study, lives in `dashboards.importance`.
 
-Which trials count: only `complete` ones (the `cramnas.state` tag, `search.states`) enter best-so-far, the Pareto
+Which trials count: only `complete` ones (the `cramnas.state` tag, `search.base.states`) enter best-so-far, the Pareto
 fronts, the ablation table and the rankings. Repeats copy an earlier trial's result (the search's
 de-duplication), so counting them would weigh that architecture twice; pruned and failed trials
 have no final score. Every trial, whatever its fate, counts towards compute spent.
@@ -22,10 +22,8 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from search import tags as tag
-
-# The frames and the statistics the search shares (search/run_frames.py), read here as analysis.X too.
-from search.run_frames import (  # noqa: F401 - re-exported for dashboards.report
+# The frames and the statistics the search shares (search/analysis/run_frames.py), read here as analysis.X too.
+from search.analysis.run_frames import (  # noqa: F401 - re-exported for dashboards.report
     BELOW_CORRUPTION,
     BELOW_FLOOR,
     CONFIDENCE,
@@ -55,7 +53,8 @@ from search.run_frames import (  # noqa: F401 - re-exported for dashboards.repor
     regime_column,
     scored,
 )
-from search.states import COMPLETE, FAILED, PRUNED, REPEAT, STATES
+from search.base import tags as tag
+from search.base.states import COMPLETE, FAILED, PRUNED, REPEAT, STATES
 from trainer.budget import Budget, BudgetError
 
 # A parameter with more distinct values than this is a range, not a set of choices to ablate.
@@ -213,7 +212,7 @@ def top_k(frame: pd.DataFrame, score: Score, k: int = 10) -> pd.DataFrame:
 def budget_curves(confirmations: pd.DataFrame, baselines: pd.DataFrame, trials: pd.DataFrame,
                   kind: str | None = None) -> pd.DataFrame:
     """Each configuration's validation loss at each budget it was confirmed under (a promotion
-    ladder's rungs, `search.ladder`), over budgets that count `kind` (a `trainer.budget` kind; by
+    ladder's rungs, `search.analysis.ladder`), over budgets that count `kind` (a `trainer.budget` kind; by
     default that of most runs): seconds and FLOPs share no axis. One row per (configuration,
     budget), lowest budget first: `configuration` ("trial 7", or a baseline's name), `kind` (search
     or baseline), `budget` (as recorded), `amount`, `n` complete seeds with a loss, `mean`, `low`,

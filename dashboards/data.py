@@ -14,11 +14,11 @@ from mlflow import MlflowClient
 from mlflow.entities import Run
 
 from dashboards.analysis import Score, choose_score, prepare
-from search import attrs
-from search import tags as tag
-from search.retry import TrackingError
-from search.stores import existing_store
-from search.tracking import StudyTracker
+from search.base import attrs
+from search.base import tags as tag
+from search.tracking.retry import TrackingError
+from search.tracking.stores import existing_store
+from search.tracking.tracker import StudyTracker
 from space.errors import UsageError
 
 

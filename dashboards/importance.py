@@ -1,6 +1,6 @@
 """Parameter importance of a study: Optuna's fANOVA on the study's own trials.
 
-The controller's Optuna study (`search.stores.study_storage`, beside a SQLite MLflow store) holds
+The controller's Optuna study (`search.tracking.stores.study_storage`, beside a SQLite MLflow store) holds
 each trial's parameters as the sampler saw them, with their distributions; that is the first
 choice. When it is missing (a study copied without its `optuna.db`, an MLflow server elsewhere),
 an in-memory Optuna study is rebuilt from the MLflow runs' `params.arch.*`, which says less about
@@ -24,9 +24,9 @@ from optuna.distributions import (
 from optuna.trial import TrialState
 
 from dashboards.analysis import Score, scored
-from search import attrs
-from search.params import param_value
-from search.stores import sqlite_path
+from search.base import attrs
+from search.tracking.params import param_value
+from search.tracking.stores import sqlite_path
 
 SEED = 0  # fANOVA fits random forests: a fixed seed makes the report reproducible
 # Below this many complete trials fANOVA's shares are mostly noise (a forest fitted to a handful of
@@ -73,7 +73,7 @@ def _distribution(values: list) -> BaseDistribution:
 
 def _mlflow_trials(frame: pd.DataFrame, score: Score) -> list[optuna.trial.FrozenTrial]:
     """Trials rebuilt from MLflow params: the `params.arch.*` that varied among counted trials,
-    read back as `search.params.param_value` reads every param."""
+    read back as `search.tracking.params.param_value` reads every param."""
     rows = scored(frame, score)
     columns = [c for c in frame.columns if c.startswith("params.arch.") and rows[c].dropna().nunique() > 1]
     rows = rows.dropna(subset=columns)

@@ -31,15 +31,15 @@ from dashboards.data import StudyData, load_study
 from dashboards.importance import MIN_TRIALS, param_importance
 from dashboards.page import CSS, esc, figure_html, human, interval, link, num, plural, readable_range, table
 from dashboards.ui import DEFAULT_PORT, LOOPBACK, run_url, runs_url
-from search import attrs
-from search import tags as tag
+from search.base import attrs
+from search.base import tags as tag
+from search.base.states import COMPLETE, FAILED, PRUNED, STATES
 from search.export import budgets_by_preference
-from search.next_steps import StudyFlags, baselines, report_path
-from search.params import params_under
-from search.retry import first_line
-from search.states import COMPLETE, FAILED, PRUNED, STATES
-from search.stores import study_storage
-from search.warm_start import COVER, search_verdict
+from search.study.next_steps import StudyFlags, baselines, report_path
+from search.study.warm_start import COVER, search_verdict
+from search.tracking.params import params_under
+from search.tracking.retry import first_line
+from search.tracking.stores import study_storage
 from space.arch import ArchConfig, ArchError
 from space.errors import CramnasError
 from trainer.budget import Budget, BudgetError
@@ -80,7 +80,7 @@ class Report:
         self.score = data.score
         self.trials = data.trials
         self.storage = storage
-        # The commands the report suggests, with the study's store and data flags (search.next_steps).
+        # The commands the report suggests, with the study's store and data flags (search.study.next_steps).
         self.flags = StudyFlags.of_run(data.name, data.uri, data.study_run, storage)
 
     def run_link(self, run_id, text) -> str:

@@ -48,9 +48,9 @@ from dashboards.analysis import STATE_COLUMN, top_k
 from dashboards.data import StudyData, load_study
 from dashboards.report import write_report
 from dashboards.ui import LOOPBACK
-from search.next_steps import report_path
-from search.objectives import OBJECTIVES
-from search.retry import first_line
+from search.base.objectives import OBJECTIVES
+from search.study.next_steps import report_path
+from search.tracking.retry import first_line
 from space.errors import CramnasError, UsageError
 from trainer.console import CliParser, one_line_on_ctrl_c
 
@@ -64,7 +64,7 @@ VIEWPORT = {"width": 1400, "height": 1000}
 TALL_VIEWPORT = {"width": 1400, "height": 1250}
 COMPARE_VIEWPORT = {"width": 1400, "height": 2100}  # the plot and the differing params, metrics, tags
 PAGE_TIMEOUT_S = 60.0
-TRIAL_NAME = re.compile(r"^t\d{4} ")  # `t0007 4x256/4h geglu pre-norm rotary` (search.tags.trial_run_name)
+TRIAL_NAME = re.compile(r"^t\d{4} ")  # `t0007 4x256/4h geglu pre-norm rotary` (search.base.tags.trial_run_name)
 # Metrics worth a column in the runs table, after the study's own score: every objective's.
 TABLE_METRICS = (*dict.fromkeys(f"metrics.{key}" for objective in OBJECTIVES.values() for key in objective.metrics),
                  "metrics.params")

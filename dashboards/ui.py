@@ -30,7 +30,7 @@ import requests
 from dashboards.analysis import top_k
 from dashboards.data import StudyData, load_study, open_store
 from dashboards.page import plural
-from search.states import STATES
+from search.base.states import STATES
 from space.errors import CramnasError, UsageError
 from trainer.console import CliParser
 

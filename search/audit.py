@@ -1,16 +1,16 @@
 """`python -m search.audit --study NAME [--trials N]`: do a study's two stores agree?
 
-A study lives in two stores (the Optuna study and MLflow, `search.stores`); every fault a study can
+A study lives in two stores (the Optuna study and MLflow, `search.tracking.stores`); every fault a study can
 meet (a trial that raises or diverges, a worker or driver killed, a tracking server away for a
 while) must leave them agreeing. The audit checks, and says what it found:
 - no trial is left running in either store (while no driver is running the study);
 - every counted Optuna trial (infeasible draws are told PRUNED and redrawn: they do not count)
   has exactly one MLflow trial run, and no trial run lacks its Optuna trial;
-- the states agree (`search.states`): complete, repeat and pruned are FINISHED, failed
-  is FAILED (or KILLED, for a trial whose driver died under it, `search.study.reconcile`);
+- the states agree (`search.base.states`): complete, repeat and pruned are FINISHED, failed
+  is FAILED (or KILLED, for a trial whose driver died under it, `search.study.driver.reconcile`);
 - every failed trial run says why (`cramnas.failure_reason`);
 - with `--trials N`: complete + pruned + failed is exactly N (a trial the driver's death cut short
-  does not count: its re-run does, `search.controllers.rerun_cut_short`).
+  does not count: its re-run does, `search.study.controllers.rerun_cut_short`).
 Exit code 0 when all hold, 1 with one line per problem otherwise.
 """
 
@@ -20,8 +20,8 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
-from search import attrs
-from search import tags as tag
+from search.base import attrs
+from search.base import tags as tag
 from space.errors import CramnasError
 from trainer.console import CliParser, one_line_on_ctrl_c
 
@@ -49,10 +49,10 @@ def audit_study(study_name: str, tracking_uri: str | None = None, storage: str |
     """Compare the study's Optuna trials with its MLflow trial runs (see the module docstring)."""
     import optuna
 
-    from search.controllers import study_counts
-    from search.states import COMPLETE, FAILED, PRUNED, RUNNING, run_statuses, state_of_trial
-    from search.stores import study_storage
-    from search.tracking import StudyTracker
+    from search.base.states import COMPLETE, FAILED, PRUNED, RUNNING, run_statuses, state_of_trial
+    from search.study.controllers import study_counts
+    from search.tracking.stores import study_storage
+    from search.tracking.tracker import StudyTracker
 
     study = optuna.load_study(study_name=study_name, storage=study_storage(tracking_uri, storage))
     counts = study_counts(study)
@@ -106,7 +106,7 @@ def build_parser() -> CliParser:
 @one_line_on_ctrl_c
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from search.stores import check_store, existing_store, existing_study
+    from search.tracking.stores import check_store, existing_store, existing_study
 
     try:
         storage = existing_study(args.study, args.tracking_uri, args.storage,

@@ -2,7 +2,7 @@
 architectures with new seeds, to tell a real winner from a lucky seed.
 
 The top `--top` complete trials by the study's objective (its ranking metric,
-`search.objectives`; repeats and pruned trials do not compete) are crammed again, one after
+`search.base.objectives`; repeats and pruned trials do not compete) are crammed again, one after
 another in this process, each with `--seeds` seeds, under `--budget` (default: the study's) with
 the trial's own training settings, and probed as the study probed them: the tasks and limits the
 study run recorded (`probe_tasks`, `probe_limits.*`). Seed k (1, 2, ...) is
@@ -13,7 +13,7 @@ covers the whole trial's noise, not pretraining's alone.
 Each (candidate, seed) is one MLflow run in the study's experiment, nested under the study run
 and tagged `cramnas.kind=confirmation` with `cramnas.confirmation_of` (the original trial run),
 `cramnas.original_trial`, `cramnas.seed` and `cramnas.state`
-(`search.tracking.StudyTracker.open_confirmation_run`). A run that fails is recorded FAILED with
+(`search.tracking.tracker.StudyTracker.open_confirmation_run`). A run that fails is recorded FAILED with
 its reason and the others go on. Running the same command again skips what completed (or failed:
 `--retry-failed` re-runs those) and re-does a run left KILLED or RUNNING, in the same MLflow run.
 The table at the end gives, per candidate, its original score and the confirmed mean with a 95%
@@ -30,7 +30,7 @@ are. `--top 0 --baselines ...` trains the baselines alone.
 instead of under one: every candidate and baseline at the first rung, then the best third of the
 candidates (by mean over seeds) and every baseline at the next, and so on; each run is one of the
 runs above under its rung's budget, tagged `cramnas.rung`. The rungs, the promotion and the pick
-are `search.ladder`.
+are `search.analysis.ladder`.
 """
 
 from __future__ import annotations
@@ -42,15 +42,15 @@ import sys
 import time
 import traceback
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from search import ladder as ladders
-from search import tags as tag
-from search.next_steps import StudyFlags, data_settings, next_steps
-from search.objectives import DEFAULT_OBJECTIVE, Objective, objective_named
-from search.paths import CONFIGS
-from search.states import COMPLETE, FAILED
+from search.analysis import ladder as ladders
+from search.analysis.ladder import Candidate, ConfirmPlan, SeedOutcome
+from search.base import tags as tag
+from search.base.objectives import DEFAULT_OBJECTIVE, Objective, objective_named
+from search.base.paths import CONFIGS
+from search.base.states import COMPLETE, FAILED
+from search.study.next_steps import StudyFlags, data_settings, next_steps
 from space.errors import CramnasError, UsageError
 from trainer.console import VERBOSE_HELP, CliParser, count, floor_gap, one_line_on_ctrl_c, quiet_libraries
 from trainer.data_flags import add_data_arguments
@@ -59,95 +59,11 @@ from trainer.regimes import regime_of
 if TYPE_CHECKING:  # imported for real only once the flags are checked
     from mlflow.entities import Run
 
-    from search.ladder import Ladder
-    from search.spec import Probe
-    from search.tracking import StudyTracker
-    from trainer.budget import Budget
-    from trainer.data import PretrainData
+    from search.study.spec import Probe
+    from search.tracking.tracker import StudyTracker
 
 SEED_OFFSET = 1000  # confirmation seeds start above the study's, far from any seed a user picks by hand
 BASELINES = CONFIGS  # where --baselines names are looked up
-
-
-@dataclass
-class Candidate:
-    """One configuration to train with each seed: a trial to confirm (its rank in the study, its
-    run and score), or a hand-designed `baseline` (its config name; no rank, trial, run or score)."""
-
-    rank: int | None
-    trial: int | None
-    run_id: str | None
-    score: float | None
-    arch: dict[str, Any]
-    train: dict[str, Any]
-    fingerprint: str | None
-    data_fingerprint: str | None
-    baseline: str | None = None
-
-    @property
-    def label(self) -> str:
-        return f"baseline {self.baseline}" if self.baseline is not None else f"trial {self.trial}"
-
-    def find_run(self, tracker: StudyTracker, seed: int, budget: str) -> Run | None:
-        if self.baseline is not None:
-            return tracker.find_baseline_run(self.baseline, seed, budget)
-        return tracker.find_confirmation_run(self.run_id, seed, budget)
-
-    def open_run(self, tracker: StudyTracker, seed: int, index: int, train: dict[str, Any], budget: str) -> str:
-        if self.baseline is not None:
-            return tracker.open_baseline_run(self.baseline, seed, index, self.arch, train, budget, self.fingerprint)
-        return tracker.open_confirmation_run(self.run_id, self.trial, seed, index, self.arch, train, budget,
-                                             self.fingerprint)
-
-    def describe(self) -> str:
-        """Its architecture in a few words (`ArchConfig.describe`)."""
-        from space.arch import ArchConfig, ArchError
-
-        try:  # defaults first: an arch read back from params may leave a field out
-            return ArchConfig.from_dict({**ArchConfig().to_dict(), **self.arch}).describe()
-        except ArchError as error:  # a trial of an impossible architecture (it failed, as its confirmations do)
-            return f"invalid: {error}"
-
-    @property
-    def data_shape(self) -> tuple[int, int]:
-        from space.arch import ArchConfig
-
-        return (int(self.arch.get("vocab_size", ArchConfig.vocab_size)),
-                int(self.arch.get("max_seq_len", ArchConfig.max_seq_len)))
-
-
-@dataclass
-class ConfirmPlan:
-    study: str
-    tracker: StudyTracker
-    objective: Objective  # the study's: candidates are ranked and confirmed by its rank_metric
-    budget: Budget
-    seeds: list[int]
-    candidates: list[Candidate]
-    baselines: list[Candidate]
-    probe: Probe | None  # the study's probe, without the seed (each run's own); None: no probe
-    data: dict[tuple[int, int], PretrainData] = field(default_factory=dict)  # (vocab, seq) -> data
-    retry_failed: bool = False
-    ladder: Ladder | None = None  # --ladder or --target: `budget` is then its top rung's, for the data
-    rung: int | None = None  # the ladder's rung being trained (search.ladder.climb), tagged on its runs
-
-    @property
-    def configurations(self) -> list[Candidate]:
-        return [*self.candidates, *self.baselines]
-
-
-@dataclass
-class SeedOutcome:
-    """How one (candidate or baseline, seed) run ended."""
-
-    candidate: Candidate
-    seed: int
-    run_id: str
-    state: str  # search.states: complete or failed
-    score: float | None
-    reason: str | None = None
-    earlier: bool = False  # a finished run of an earlier invocation, kept as it was
-    metrics: dict[str, float] = field(default_factory=dict)  # a complete run's final metrics
 
 
 def build_parser() -> CliParser:
@@ -162,7 +78,7 @@ def build_parser() -> CliParser:
     parser.add_argument("--seeds", type=int, default=ladders.LADDER_SEEDS, help="new seeds per candidate")
     parser.add_argument("--budget", help="per-run budget: 60s, 5m, 2e7tokens, 1e15flops, cramming-day ... (default: the study's)")
     parser.add_argument("--ladder", help="a promotion ladder instead of one budget: rising rungs, multiples of the "
-                                         "study's budget or budgets, e.g. 3x,9x,27x (search/ladder.py)")
+                                         "study's budget or budgets, e.g. 3x,9x,27x (search/analysis/ladder.py)")
     parser.add_argument("--target", help="a promotion ladder up to this budget: rungs 3x, 9x, 27x ... the study's "
                                          "budget, the target last, e.g. 6e13flops")
     parser.add_argument("--eta", type=int, help=f"with --ladder or --target: the best 1/ETA of the candidates go "
@@ -184,14 +100,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def estimate_line(plan: ConfirmPlan, profile: str | None) -> str:
-    """What the plan's runs cost, priced with a profile's recorded costs (search/estimate.py): the
+    """What the plan's runs cost, priced with a profile's recorded costs (search/study/estimate.py): the
     ladder's rungs, or one rung of `plan.budget`, one run at a time on one device."""
     import torch
     import yaml
 
     from glue import ProbeLimits
-    from search.estimate import Costs, device_time, ladder_hours
-    from search.paths import PROFILES
+    from search.base.paths import PROFILES
+    from search.study.estimate import Costs, device_time, ladder_hours
 
     name = profile or ("gpu" if torch.cuda.is_available() else "cpu")
     path = PROFILES / f"{name}.yaml"
@@ -216,8 +132,8 @@ def study_objective(study_run: Run) -> Objective:
 def study_probe(study_run: Run, data_dir: str | None) -> Probe | None:
     """The probe the study ran (`probe_tasks`, `probe_limits.*` params of its study run) on
     `data_dir`; None for a study without the probe."""
-    from search.params import params_under
-    from search.spec import Probe
+    from search.study.spec import Probe
+    from search.tracking.params import params_under
 
     params = study_run.data.params
     tasks = params.get("probe_tasks", "")
@@ -232,7 +148,7 @@ def study_probe(study_run: Run, data_dir: str | None) -> Probe | None:
 
 def pick_candidates(tracker: StudyTracker, objective: Objective, top: int) -> list[Candidate]:
     """The `top` best complete trials by the objective, as candidates (fewer when there are fewer)."""
-    from search.params import params_under
+    from search.tracking.params import params_under
 
     study_train = params_under(tracker.study_run().data.params, "train")
     candidates = []
@@ -271,9 +187,9 @@ def load_baselines(names: str) -> list[Candidate]:
 def make_plan(args: argparse.Namespace) -> ConfirmPlan:
     """Check every input, pick the candidates and prepare the data; raises a CramnasError (one
     line) before any training."""
-    from search.params import params_under
-    from search.stores import check_store, existing_store
-    from search.tracking import StudyTracker
+    from search.tracking.params import params_under
+    from search.tracking.stores import check_store, existing_store
+    from search.tracking.tracker import StudyTracker
     from trainer.budget import Budget
 
     if args.top < (0 if args.baselines else 1):
@@ -359,8 +275,8 @@ def confirm_one(plan: ConfirmPlan, candidate: Candidate, index: int, seed: int) 
     started = time.perf_counter()
     try:
         # Imports torch and Ray (seconds): only once a run is due, so bad input fails fast.
-        from search.report import trial_metrics
-        from search.trial import cram_and_probe
+        from search.study.report import trial_metrics
+        from search.study.trial import cram_and_probe
         from space.arch import ArchConfig
         from trainer.config import TrainConfig
 
@@ -395,7 +311,7 @@ def print_table(plan: ConfirmPlan, outcomes: list[SeedOutcome]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from search.stats import mean_interval
+    from search.analysis.stats import mean_interval
 
     objective = plan.objective
     table = Table(title=f"confirmation of study {plan.study} under {plan.budget.text}, seeds "
@@ -453,13 +369,13 @@ def confirm_all(plan: ConfirmPlan, outcomes: list[SeedOutcome]) -> list[ladders.
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     quiet_libraries(args.verbose)
-    # As in search.run: search.retry.Retry retries a tracking server that is away, not MLflow's
+    # As in search.run: search.tracking.retry.Retry retries a tracking server that is away, not MLflow's
     # own HTTP retries, which take minutes per call.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
     from mlflow.exceptions import MlflowException
 
-    from search.retry import TrackingError
+    from search.tracking.retry import TrackingError
 
     try:
         plan = make_plan(args)

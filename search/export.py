@@ -23,35 +23,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
-from search import attrs
-from search import tags as tag
-from search.next_steps import StudyFlags
-from search.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, Objective, objective_named
-from search.states import COMPLETE
+from search.analysis.ranking import ranked_trials
+from search.base import attrs
+from search.base import tags as tag
+from search.base.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, Objective, objective_named
+from search.base.states import COMPLETE
+from search.study.next_steps import StudyFlags
 from space.errors import CramnasError
 from trainer.console import CliParser, one_line_on_ctrl_c
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from search.tracking import StudyTracker
+    from search.tracking.tracker import StudyTracker
 
 PROJECT = Path(__file__).resolve().parents[1]
 
 
 class ExportError(CramnasError):
     pass
-
-
-def ranked_trials(study: optuna.Study, objective: Objective) -> list[FrozenTrial]:
-    """The study's complete trials that reported the objective's ranking metric, best first (a tie:
-    the earlier trial first). Repeats copy an earlier trial's result, so they do not compete."""
-    key = objective.rank_metric
-    trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-              if attrs.REPEAT_OF not in t.user_attrs and key in t.user_attrs.get(attrs.METRICS, {})]
-    return sorted(trials, key=lambda t: objective.sort_key(t.user_attrs[attrs.METRICS][key]))
 
 
 def best_trial(study: optuna.Study, objective: Objective) -> FrozenTrial:
@@ -91,7 +83,7 @@ def budgets_by_preference(confirmations: pd.DataFrame) -> list[str]:
 
 
 def ladder_record(confirmations: pd.DataFrame, budget: str) -> dict[str, Any] | None:
-    """`provenance.ladder` when `budget` is a rung of a ladder (`search.ladder`, runs tagged
+    """`provenance.ladder` when `budget` is a rung of a ladder (`search.analysis.ladder`, runs tagged
     `cramnas.rung`): the rungs that have runs, lowest first, and `picked_at`: `budget`. None otherwise."""
     column = tag.column(tag.RUNG)
     if column not in confirmations:
@@ -107,8 +99,8 @@ def confirmed_best(tracker: StudyTracker, objective: Objective) -> Confirmed | N
     """The configuration `search.confirm` found best by its mean over seeds under one budget (runs
     under other budgets answer another question): the first of `budgets_by_preference` where one
     completed a seed. Set against each baseline trained under that budget, seed by seed: the
-    report's statistics (`search.run_frames`). None when no confirmation has a complete seed."""
-    from search import run_frames as analysis  # pandas and scipy: only for a study that has confirmations
+    report's statistics (`search.analysis.run_frames`). None when no confirmation has a complete seed."""
+    from search.analysis import run_frames as analysis  # pandas and scipy: only for a study that has confirmations
 
     confirmations = analysis.prepare(tracker.confirmation_table())
     if confirmations.empty or "params.budget" not in confirmations:
@@ -167,9 +159,9 @@ class Exported:
 def export(study_name: str, rank_by: str | None = None, out: str | Path | None = None, tracking_uri: str | None = None,
            storage: str | None = None, force: bool = False, register: str | None = None,
            target_budget: str | None = None, size_fit: str | None = None) -> Exported:
-    from search.retry import TrackingError
-    from search.stores import existing_store, existing_study
-    from search.tracking import StudyTracker
+    from search.tracking.retry import TrackingError
+    from search.tracking.stores import existing_store, existing_study
+    from search.tracking.tracker import StudyTracker
     from space.arch import ArchConfig
     from trainer.config import RunConfig, TrainConfig
 
@@ -200,8 +192,8 @@ def export(study_name: str, rank_by: str | None = None, out: str | Path | None =
         provenance["confirmed"] = {**confirmed.record, "search_best_trial": search_best.number}
     if confirmed and confirmed.ladder:
         provenance["ladder"] = confirmed.ladder
-    if register:  # the winner's HF export, in MLflow's model registry (search/registry.py)
-        from search.registry import register_winner
+    if register:  # the winner's HF export, in MLflow's model registry (search/tracking/registry.py)
+        from search.tracking.registry import register_winner
 
         version = register_winner(tracker, trial.number, register)
         provenance["registered_model"] = f"models:/{version.name}/{version.version}"

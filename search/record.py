@@ -23,8 +23,8 @@ from pathlib import Path
 
 import yaml
 
-from search import tags as tag
-from search.retry import TrackingError, first_line
+from search.base import tags as tag
+from search.tracking.retry import TrackingError, first_line
 from space.errors import CramnasError, UsageError
 from trainer.console import CliParser, one_line_on_ctrl_c
 
@@ -51,7 +51,7 @@ def check_run_dir(run_dir: str | Path) -> Path:
 
 def record_cram(uri: str, run_dir: str | Path) -> str:
     """Record the finished cram in `run_dir` in MLflow at `uri` (a checked store, see
-    `search.stores.check_store`); returns the run id, the existing one if it was recorded before."""
+    `search.tracking.stores.check_store`); returns the run id, the existing one if it was recorded before."""
     from mlflow.exceptions import MlflowException
 
     path = check_run_dir(run_dir)
@@ -66,7 +66,7 @@ def _record(uri: str, checkpoint: Path) -> str:
     from mlflow import MlflowClient
     from mlflow.entities import Metric, Param
 
-    from search.stores import sqlite_path
+    from search.tracking.stores import sqlite_path
     from trainer.export_hf import log_to_mlflow
 
     client = MlflowClient(tracking_uri=uri)
@@ -116,7 +116,7 @@ def build_parser() -> CliParser:
 @one_line_on_ctrl_c
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from search.stores import check_store
+    from search.tracking.stores import check_store
 
     try:
         check_run_dir(args.run_dir)

@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from search.paths import CONFIGS, PROFILES, SPACES
-from search.resources import auto_cpus_per_trial, local_gpus
+from search.base.paths import CONFIGS, PROFILES, SPACES
+from search.study.resources import auto_cpus_per_trial, local_gpus
 from space.errors import CramnasError, UsageError
 from trainer.console import VERBOSE_HELP, CliParser, one_line_on_ctrl_c, quiet_libraries
 from trainer.data_flags import add_data_arguments
 
 if TYPE_CHECKING:  # imported for real only after the flags are checked (torch, Ray, Optuna: seconds)
-    from search.objectives import Objective
-    from search.spec import StudyPlan
+    from search.base.objectives import Objective
+    from search.study.spec import StudyPlan
     from space.search_space import SearchSpace
     from trainer.budget import Budget
     from trainer.config import TrainConfig
@@ -37,13 +37,13 @@ if TYPE_CHECKING:  # imported for real only after the flags are checked (torch, 
 
 def build_parser() -> CliParser:
     """The command line of `python -m search.run` (docs/cli.md is generated from it: docs/gen_cli.py)."""
-    from search.controllers import CONTROLLERS, DEFAULT_CONTROLLER
-    from search.objectives import OBJECTIVES
+    from search.base.objectives import OBJECTIVES
+    from search.study.controllers import CONTROLLERS, DEFAULT_CONTROLLER
 
     parser = CliParser(prog="python -m search.run", description="Search crammed BERT architectures.")
     parser.add_argument("--trials", type=int, default=200, help="trials in the study, in total (resume included)")
     parser.add_argument("--controller", default=DEFAULT_CONTROLLER, choices=sorted(CONTROLLERS),
-                        help="the Optuna sampler that picks each next architecture (search/controllers.py says "
+                        help="the Optuna sampler that picks each next architecture (search/study/controllers.py says "
                              "why gp is the default)")
     parser.add_argument("--space", help="search-space YAML (default: the device profile's)")
     parser.add_argument("--budget", help="per-trial budget: 60s, 5m, 2e7tokens, 1e15flops, 180refs, cramming-day ... "
@@ -83,7 +83,7 @@ def build_parser() -> CliParser:
     parser.add_argument("--warm-start", default="profile", metavar="profile|none|study:NAME[:K]",
                         help="a new study's first trials: the profile's hand designs (default), none, or the top K "
                              "(default 5) trials of an earlier study in the same storage; a covering design that "
-                             "trains every value of every choice follows (search/warm_start.py)")
+                             "trains every value of every choice follows (search/study/warm_start.py)")
     parser.add_argument("--no-cover", action="store_true",
                         help="no covering design: the controller draws from the first trial after the warm starts")
     parser.add_argument("--estimate", action="store_true",
@@ -206,7 +206,7 @@ def check_storage(storage: str) -> str:
     """Open the Optuna storage now: a bad URL fails before the data is prepared, in one line."""
     import optuna
 
-    from search.retry import first_line
+    from search.tracking.retry import first_line
 
     try:
         optuna.storages.get_storage(storage)
@@ -228,21 +228,21 @@ class CheckedInputs:
     space_path: Path
     budget: Budget
     train: TrainConfig
-    resources: dict[str, float | None]  # cpu None: `auto` on a cluster, resolved once Ray is up (search.study)
+    resources: dict[str, float | None]  # cpu None: `auto` on a cluster, resolved once Ray is up (search.study.driver)
     source: Any  # trainer.corpus.CorpusSource
-    probe: Any  # search.spec.Probe, None with --no-probe
+    probe: Any  # search.study.spec.Probe, None with --no-probe
     early_stop: dict[str, Any] | None
-    ladder: Any = None  # search.ladder.Ladder of --ladder or --target, None without
+    ladder: Any = None  # search.analysis.ladder.Ladder of --ladder or --target, None without
 
 
 def check_inputs(args: argparse.Namespace) -> CheckedInputs:
     """Check the flags, the profile and the local resources; raises UsageError (or a library's
     one-line error). Cheapest first: flags, profile, space, budget and training settings are
     checked before torch, datasets or MLflow are even imported, so a typo fails in a second."""
-    from search import controllers
-    from search.objectives import OBJECTIVES
-    from search.spec import Probe
-    from search.warm_start import parse_spec
+    from search.base.objectives import OBJECTIVES
+    from search.study import controllers
+    from search.study.spec import Probe
+    from search.study.warm_start import parse_spec
     from space import load_space
     from trainer.budget import Budget
     from trainer.config import TrainConfig, load_run_config
@@ -262,7 +262,7 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
         if amount is not None and amount < 0:
             raise UsageError(f"{flag}: must not be negative, got {amount:g}")
     if os.environ.get("CRAMNAS_INJECT_FAULT"):  # a typo would inject nothing, silently
-        from search.trial import parse_faults
+        from search.study.trial import parse_faults
 
         parse_faults(os.environ["CRAMNAS_INJECT_FAULT"])
     profile_path = Path(args.profile) if args.profile and args.profile.endswith(".yaml") else \
@@ -319,7 +319,7 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
     early_stop = None if not wanted or objective.multi else {"min_trials": ASHA_MIN_TRIALS, **profile["early_stop"]}
     ladder = None
     if args.ladder is not None or args.target is not None:
-        from search import ladder as ladders
+        from search.analysis import ladder as ladders
 
         # As search.confirm would read them, with its defaults.
         ladders.check_flags(argparse.Namespace(ladder=args.ladder, target=args.target, eta=None, budget=None,
@@ -332,10 +332,10 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
 def make_plan(args: argparse.Namespace) -> StudyPlan:
     """Check every input (`check_inputs`), open the stores and prepare the data, last; raises
     UsageError (or a library's one-line error)."""
-    from search import controllers
-    from search.spec import StudyPlan, TrialSpec
-    from search.stores import check_store, checkpoint_dir, study_storage
-    from search.warm_start import warm_starts
+    from search.study import controllers
+    from search.study.spec import StudyPlan, TrialSpec
+    from search.study.warm_start import warm_starts
+    from search.tracking.stores import check_store, checkpoint_dir, study_storage
     from trainer.data import prepare_data, tokens_to_prepare
 
     checked = check_inputs(args)
@@ -388,14 +388,14 @@ def main(argv: list[str] | None = None) -> int:
     # A failed or repeated trial's one report has no training loss for ASHA; it ends the trial anyway.
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     # MLflow's own HTTP retries (7, backing off up to 2 minutes each) would make every write to a
-    # stopped tracking server take minutes and could replay a create; search.retry.Retry retries.
+    # stopped tracking server take minutes and could replay a create; search.tracking.retry.Retry retries.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
     import optuna
 
-    try:  # before search.study imports Ray: a bad input fails before any of that loads
+    try:  # before search.study.driver imports Ray: a bad input fails before any of that loads
         if args.estimate:
-            from search.estimate import study_estimate
+            from search.study.estimate import study_estimate
 
             print(study_estimate(check_inputs(args), args.trials, args.max_concurrent, args.controller).text())
             return 0
@@ -405,8 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     except (CramnasError, optuna.exceptions.DuplicatedStudyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    from search.next_steps import print_after_search
-    from search.study import run_study
+    from search.study.driver import run_study
+    from search.study.next_steps import print_after_search
 
     return print_after_search(plan, run_study(plan))
 

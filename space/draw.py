@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # optuna is imported lazily: the trainer imports `space` and 
     import optuna
 
 
-# The Optuna user attribute of an infeasible draw, with its reason (read through search.attrs).
+# The Optuna user attribute of an infeasible draw, with its reason (read through search.base.attrs).
 INFEASIBLE = "infeasible"
 
 # Float grids are computed as low + k * step; rounding keeps 0.1 steps at 0.3, not 0.30000000000000004.

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from search.tracking import StudyTracker
+from search.tracking.tracker import StudyTracker
 from space.arch import ArchConfig
 from tests.helpers import ROOT
 from trainer.config import load_run_config

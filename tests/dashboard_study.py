@@ -1,8 +1,8 @@
 """A synthetic cramnas study written straight to its two stores, for dashboard tests: no training.
 
-`write_study` records trials through `search.tracking.StudyTracker`, exactly as the search does
+`write_study` records trials through `search.tracking.tracker.StudyTracker`, exactly as the search does
 (study run, nested trial runs, lineage and status tags, final metrics), and the matching Optuna
-study in the Optuna store beside the MLflow database (`search.stores.study_storage`), so that
+study in the Optuna store beside the MLflow database (`search.tracking.stores.study_storage`), so that
 parameter importance runs on it. The scores are a known function of the architecture, so tests
 can assert what the dashboards must find: `position` matters most, `norm_placement` a little,
 everything else not at all. `write_confirmations` adds the runs `search.confirm` would write; `scratch_store` gives a store to
@@ -22,10 +22,10 @@ from typing import Any
 
 import optuna
 
-from search.objectives import OBJECTIVES
-from search.states import STATES
-from search.stores import study_storage
-from search.tracking import StudyTracker
+from search.base.objectives import OBJECTIVES
+from search.base.states import STATES
+from search.tracking.stores import study_storage
+from search.tracking.tracker import StudyTracker
 from space.arch import ArchConfig
 
 # The searched fields and their choices; every other field keeps a small fixed value.
@@ -158,7 +158,7 @@ def write_study(uri: str, name: str, n_trials: int, *, controller: str = "evolut
 
 
 def _write_optuna_study(study: SyntheticStudy) -> None:
-    """The controller's record of the same trials: what `search.controllers` would have stored."""
+    """The controller's record of the same trials: what `search.study.controllers` would have stored."""
     objective = OBJECTIVES[study.objective]
     optuna_study = optuna.create_study(study_name=study.name, storage=study_storage(study.uri),
                                        directions=list(objective.directions))

@@ -14,9 +14,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from search.controllers import is_cut_short
-from search.states import run_statuses, state_of_trial
-from search.tracking import StudyTracker
+from search.base.states import run_statuses, state_of_trial
+from search.study.controllers import is_cut_short
+from search.tracking.tracker import StudyTracker
 from tests.helpers import ROOT
 
 PROFILE = ROOT / "tests" / "search_files" / "tiny_profile.yaml"
@@ -43,7 +43,7 @@ def check_stores_agree(tmp_path: Path, study_name: str, trials: int,
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) for t in counted)
     runs = StudyTracker(tracking_uri or f"sqlite:///{tmp_path}/mlflow.db", study_name).trial_table().to_dict("records")
     assert sorted(int(r["trial"]) for r in runs) == sorted(t.number for t in counted)  # one run each
-    # KILLED for a failed trial: a run the driver's death cut short (see search.study.reconcile).
+    # KILLED for a failed trial: a run the driver's death cut short (see search.study.driver.reconcile).
     by_trial = {int(r["trial"]): r for r in runs}
     for trial in counted:
         assert by_trial[trial.number]["status"] in run_statuses(state_of_trial(trial)), trial.number

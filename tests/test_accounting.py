@@ -270,7 +270,7 @@ def test_a_stage_runs_its_commands_jobs_at_a_time_and_once_it_passed(tmp_path, m
 
 @pytest.mark.slow  # an MLflow store
 def test_the_proving_ground_reads_back_each_budget_apart(tmp_path):
-    from search.tracking import StudyTracker
+    from search.tracking.tracker import StudyTracker
     from tests.confirm_study import TRAIN, tiny_arch, write_study
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -295,7 +295,7 @@ def test_the_proving_ground_reads_back_each_budget_apart(tmp_path):
 
 @pytest.mark.slow  # an MLflow store
 def test_the_path_counts_every_confirmation_and_baseline_run_of_a_ladder(tmp_path):
-    from search.tracking import StudyTracker
+    from search.tracking.tracker import StudyTracker
     from space.arch import ArchConfig
     from tests.confirm_study import TRAIN, tiny_arch, write_study
     from trainer.config import TrainConfig

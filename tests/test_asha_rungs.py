@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from ray.tune.schedulers import TrialScheduler
 
-from search.ray_executor import early_stopping
+from search.study.ray_executor import early_stopping
 from space.arch import ArchConfig
 from tests.helpers import SLICE_SEQ, SLICE_VOCAB
 from trainer.budget import Budget

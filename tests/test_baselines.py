@@ -17,9 +17,9 @@ from scipy import stats
 import search.confirm
 from dashboards import analysis, report
 from dashboards.analysis import Score
+from search.base.objectives import OBJECTIVES
 from search.confirm import main
-from search.objectives import OBJECTIVES
-from search.tracking import StudyTracker
+from search.tracking.tracker import StudyTracker
 from space.arch import ArchConfig
 from tests.confirm_study import BUDGET, SEEDS, TRAIN, tiny_arch, write_study
 from tests.dashboard_study import UNIGRAM_FLOOR, scratch_store, write_confirmations
@@ -106,12 +106,12 @@ def test_baselines_train_with_the_candidates_seeds_once(wiki_slice_dir, slice_ca
 
 
 def test_unknown_baseline_or_top_0_alone_is_one_line_before_any_training(tmp_path, capsys, monkeypatch):
-    import search.trial
+    import search.study.trial
 
     def no_training(*args, **kwargs):
         raise AssertionError("trained despite bad input")
 
-    monkeypatch.setattr(search.trial, "cram_and_probe", no_training)
+    monkeypatch.setattr(search.study.trial, "cram_and_probe", no_training)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     write_study(uri, "u", [(tiny_arch(), "complete", {"validation_loss": 7.0})])
     capsys.readouterr()  # MLflow's notes on creating the store

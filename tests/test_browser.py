@@ -13,7 +13,7 @@ from PIL import Image
 
 from dashboards import report, screenshots
 from dashboards.data import load_study
-from search.next_steps import report_path
+from search.study.next_steps import report_path
 from tests.dashboard_study import scratch_store, write_study
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

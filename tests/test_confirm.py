@@ -14,7 +14,7 @@ import mlflow
 import pytest
 
 from search.confirm import main
-from search.tracking import StudyTracker
+from search.tracking.tracker import StudyTracker
 from space.arch import ArchConfig
 from tests.confirm_study import BUDGET, SEEDS, TRAIN, tiny_arch, write_study
 from tests.helpers import requires_shared_data
@@ -105,7 +105,7 @@ def test_top_k_crammed_with_new_seeds_once(confirm, capsys):
 
 
 def test_a_failure_costs_only_its_run_and_ctrl_c_kills_the_one_in_flight(confirm, capsys, monkeypatch):
-    import search.trial
+    import search.study.trial
 
     originals = write_study(confirm.uri, "f", [(BROKEN_ARCH, "complete", {"validation_loss": 6.0}),
                                                (tiny_arch(), "complete", {"validation_loss": 7.0})])
@@ -121,7 +121,7 @@ def test_a_failure_costs_only_its_run_and_ctrl_c_kills_the_one_in_flight(confirm
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(search.trial, "cram_and_probe", interrupted)
+    monkeypatch.setattr(search.study.trial, "cram_and_probe", interrupted)
     assert confirm("f", "--top", "2", "--seeds", "2") == 130
     assert "failed before" in capsys.readouterr().out  # trial 0's first seed is kept as it failed
     runs = confirmation_runs(confirm.uri, "f")
@@ -141,9 +141,9 @@ def test_a_failure_costs_only_its_run_and_ctrl_c_kills_the_one_in_flight(confirm
 
 
 def test_probe_study_is_ranked_and_confirmed_by_its_probe_score(confirm, monkeypatch):
-    import search.trial
+    import search.study.trial
 
-    # As search.study records them: every glue.ProbeLimits field but the data directory and the seed.
+    # As search.study.driver records them: every glue.ProbeLimits field but the data directory and the seed.
     limits = {"max_train_examples": 64, "max_seconds_per_task": 2.0, "epochs": 1, "batch_size": 16, "lr": 1e-3,
               "pooling": "mean"}
     # Trial 1 has the better MLM loss, trial 0 the better probe score: the probe decides.
@@ -152,8 +152,8 @@ def test_probe_study_is_ranked_and_confirmed_by_its_probe_score(confirm, monkeyp
         (tiny_arch(position="rotary"), "complete", {"validation_loss": 6.0, "probe_average": 0.5, "tokens_per_s": 900.0}),
     ], objective="probe+throughput", probe_tasks="rte,stsb", probe_limits=limits)
     probes = []
-    real = search.trial.cram_and_probe
-    monkeypatch.setattr(search.trial, "cram_and_probe", lambda *args, **kw: probes.append(args[4]) or real(*args, **kw))
+    real = search.study.trial.cram_and_probe
+    monkeypatch.setattr(search.study.trial, "cram_and_probe", lambda *args, **kw: probes.append(args[4]) or real(*args, **kw))
     assert confirm("p", "--top", "1", "--seeds", "1") == 0
     (probe,) = probes  # the study's probe, exactly: its tasks and limits, with this run's seed and data
     assert probe.tasks == ("rte", "stsb") and probe.limits == {**limits, "seed": SEEDS[0], "data_dir": probe.limits["data_dir"]}

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from search.controllers import CONTROLLERS
-from search.objectives import OBJECTIVES
-from search.study import early_stop_for_session
+from search.base.objectives import OBJECTIVES
+from search.study.controllers import CONTROLLERS
+from search.study.driver import early_stop_for_session
 from tests.helpers import ROOT, SHARED_DATA, FakeTime, cli_env, requires_shared_data, slice_config, tiny_checkpoint
 from tests.studies import study_args
 from trainer.console import ProgressLines, choice_error, count, eta, floor_gap, one_line_on_ctrl_c
@@ -128,9 +128,9 @@ def test_a_study_too_small_for_asha_runs_every_trial_and_says_so():
 
 
 def test_a_trial_line_says_what_a_log_reader_needs(capsys):
-    from search.controllers import Proposal
-    from search.searcher import TrialOutcome
-    from search.view import StudyView
+    from search.study.controllers import Proposal
+    from search.study.searcher import TrialOutcome
+    from search.study.view import StudyView
     from space.arch import ArchConfig
 
     plan = SimpleNamespace(study="s", objective=OBJECTIVES["mlm"], trials=8, unigram_floor=6.4)

@@ -10,7 +10,8 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from search.controllers import (
+from search.base.objectives import OBJECTIVES
+from search.study.controllers import (
     CONTROLLERS,
     RegularizedEvolutionSampler,
     ask,
@@ -21,7 +22,6 @@ from search.controllers import (
     study_counts,
     tell,
 )
-from search.objectives import OBJECTIVES
 from space import ArchConfig, default_space_path, load_space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -314,7 +314,7 @@ def test_trials_cut_short_are_re_run_once_with_their_architectures(controller, s
     """A dead driver's running trials: each comes back first as a new trial with the same
     architecture (and evolution's lineage), linked by `rerun_of`; a trial failed by its own fault,
     one whose architecture was never drawn, and one already re-run are not re-run; at most `limit`."""
-    from search.controllers import POPULATION_SIZE
+    from search.study.controllers import POPULATION_SIZE
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = open_study("s", url, controller, "mlm", space, seed=3)

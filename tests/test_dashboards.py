@@ -23,8 +23,8 @@ from dashboards.analysis import Score
 from dashboards.data import load_study
 from dashboards.importance import param_importance
 from dashboards.page import interval, num
-from search.objectives import OBJECTIVES
-from search.stores import study_storage
+from search.base.objectives import OBJECTIVES
+from search.tracking.stores import study_storage
 from tests.dashboard_study import CHOICES, UNIGRAM_FLOOR, scratch_store, write_confirmations, write_study
 from tests.helpers import free_port
 

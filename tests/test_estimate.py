@@ -1,4 +1,4 @@
-"""What a study costs before it starts (issue 20 §5): `search.estimate`'s arithmetic, the
+"""What a study costs before it starts (issue 20 §5): `search.study.estimate`'s arithmetic, the
 `--estimate` flag end to end, the CPUs a GPU trial gets from its node, and the Inductor settings a
 trial compiles with (§3). Issue 39 §5: the estimate prices what will run (early stopping as the
 session applies it, no more trials at once than there are trials, refs budgets) in seconds when
@@ -13,7 +13,7 @@ import sys
 import pytest
 import yaml
 
-from search.estimate import (
+from search.study.estimate import (
     Costs,
     asha_rungs,
     asha_shares,
@@ -23,8 +23,8 @@ from search.estimate import (
     progress_reports,
     study_estimate,
 )
-from search.resources import auto_cpus_per_trial
-from search.trial import compile_env, use_compile_env
+from search.study.resources import auto_cpus_per_trial
+from search.study.trial import compile_env, use_compile_env
 from space.errors import UsageError
 from tests.helpers import ROOT, SHARED_DATA, cli_env, requires_shared_data
 from trainer.budget import Budget
@@ -86,7 +86,7 @@ def test_without_asha_compile_or_probe():
 def test_a_cpu_study_counts_cpu_hours_and_prices_flops_at_the_recorded_speed():
     result = study(budget=Budget.parse("1e13flops"), compile_model=False, resources={"cpu": 1, "gpu": 0}, concurrent=2,
                    early_stop={"grace_reports": 4, "reduction_factor": 2}, probe_tasks=3, probe_seconds_per_task=5.0)
-    # search.ray_executor.early_stopping's rungs: 4 and 8 of the 15 progress reports (max_t 15.5), none at the
+    # search.study.ray_executor.early_stopping's rungs: 4 and 8 of the 15 progress reports (max_t 15.5), none at the
     # end, so the quarter that trains to the end is all probed: 4/16 + 4/16 / 2 + 8/16 / 4 trained.
     trained, probed = asha_shares([4, 8], 16, 2)
     assert (trained, probed) == pytest.approx((0.5, 1 / 4))
@@ -193,7 +193,7 @@ def test_estimate_prints_the_cost_and_what_it_assumed_and_starts_nothing(tmp_pat
 
 
 def test_a_ladder_costs_each_rungs_climbers_and_baselines_with_every_seed():
-    from search.ladder import Ladder
+    from search.analysis.ladder import Ladder
 
     ladder = Ladder(Budget.parse("1e12flops"), (Budget.parse("3e12flops"), Budget.parse("9e12flops")), eta=3)
     hours = ladder_hours(ladder, candidates=6, baselines=2, seeds=3, costs=COSTS, name="cpu.yaml", probe_s=5.0,
@@ -234,7 +234,7 @@ def test_early_stopping_is_priced_only_where_the_session_applies_it(monkeypatch)
     from search.run import ASHA_MIN_TRIALS
 
     few, enough = ASHA_MIN_TRIALS - 1, ASHA_MIN_TRIALS
-    # Below min_trials the study runs without ASHA (search.study.early_stop_for_session): so is it priced.
+    # Below min_trials the study runs without ASHA (search.study.driver.early_stop_for_session): so is it priced.
     asked, without = cpu_study(monkeypatch, few, "--early-stop"), cpu_study(monkeypatch, few, "--no-early-stop")
     assert asked.device_hours == pytest.approx(without.device_hours) and asked.probed == without.probed == few
     assert f"early stopping off ({few} trials are too few: ASHA from {ASHA_MIN_TRIALS} trials)" in asked.assumed

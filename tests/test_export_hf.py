@@ -302,8 +302,8 @@ def test_search_export_registers_the_winners_export_with_its_lineage(tokenizer_p
     import yaml
     from mlflow import MlflowClient
 
+    from search.base.objectives import OBJECTIVES
     from search.export import main as search_export
-    from search.objectives import OBJECTIVES
     from tests.dashboard_study import write_confirmations, write_study
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -424,11 +424,11 @@ def test_the_study_driver_logs_each_saved_checkpoints_export(tokenizer_path, tmp
     import mlflow
     import optuna
 
-    from search import controllers
-    from search.objectives import OBJECTIVES
-    from search.searcher import CramnasSearcher
-    from search.spec import TrialSpec
-    from search.tracking import StudyTracker
+    from search.base.objectives import OBJECTIVES
+    from search.study import controllers
+    from search.study.searcher import CramnasSearcher
+    from search.study.spec import TrialSpec
+    from search.tracking.tracker import StudyTracker
     from space import load_space
     from trainer.budget import Budget
 

@@ -10,13 +10,13 @@ import optuna
 import pytest
 from rich.console import Console
 
-from search.controllers import Proposal
-from search.objectives import OBJECTIVES
-from search.report import trial_metrics
-from search.searcher import TrialOutcome
-from search.stores import study_storage
-from search.tracking import StudyTracker
-from search.view import StudyView
+from search.base.objectives import OBJECTIVES
+from search.study.controllers import Proposal
+from search.study.report import trial_metrics
+from search.study.searcher import TrialOutcome
+from search.study.view import StudyView
+from search.tracking.stores import study_storage
+from search.tracking.tracker import StudyTracker
 from space.arch import ArchConfig
 from tests.dashboard_study import UNIGRAM_FLOOR, scratch_store, write_study
 from trainer.console import floor_gap

@@ -2,7 +2,7 @@
 run at once as both the CPUs and the GPUs allow.
 
 Ray is started with fake GPU resources on this CPU machine: Ray then assigns GPU ids to trials
-exactly as on a GPU host, and `search.trial.trial_device` is checked with CUDA reported present.
+exactly as on a GPU host, and `search.study.trial.trial_device` is checked with CUDA reported present.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from unittest import mock
 
 import pytest
 
-from search.ray_executor import start_local_ray
-from search.resources import concurrency
+from search.study.ray_executor import start_local_ray
+from search.study.resources import concurrency
 
 
 @pytest.mark.parametrize(("resources", "have", "expected"), [
@@ -44,11 +44,11 @@ def test_max_concurrent_above_what_fits_warns_once_and_is_lowered():
 
 
 def _placement(config):
-    """A Tune trial that reports where search.trial would put it (CUDA reported present)."""
+    """A Tune trial that reports where search.study.trial would put it (CUDA reported present)."""
     import ray
     from ray import tune
 
-    from search.trial import trial_device
+    from search.study.trial import trial_device
 
     start = time.time()
     gpu_ids = [str(gpu) for gpu in ray.get_gpu_ids()]

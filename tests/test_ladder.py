@@ -1,4 +1,4 @@
-"""`search.confirm --ladder`: the study's top candidates promoted up rising budgets (`search.ladder`),
+"""`search.confirm --ladder`: the study's top candidates promoted up rising budgets (`search.analysis.ladder`),
 exported from the highest rung (`search.export`) and drawn against the budget (`dashboards.report`).
 
 The rungs and the promotion are checked on stand-in crams (a table of losses); one real ladder crams
@@ -21,13 +21,13 @@ import search.confirm
 from dashboards import analysis, report
 from dashboards.data import load_study
 from search import export
-from search import tags as tag
+from search.analysis.ladder import Ladder, climb, kept, ladder_of, pick, print_ladder
+from search.base import tags as tag
+from search.base.objectives import OBJECTIVES
+from search.base.states import COMPLETE, FAILED
 from search.confirm import Candidate, ConfirmPlan, SeedOutcome, main
-from search.ladder import Ladder, climb, kept, ladder_of, pick, print_ladder
-from search.objectives import OBJECTIVES
-from search.states import COMPLETE, FAILED
-from search.stores import study_storage
-from search.tracking import StudyTracker
+from search.tracking.stores import study_storage
+from search.tracking.tracker import StudyTracker
 from tests.confirm_study import TRAIN, tiny_arch, write_study
 from tests.dashboard_study import scratch_store, write_confirmations
 from tests.dashboard_study import write_study as write_synthetic_study
@@ -159,12 +159,12 @@ def small_store(tmp_path_factory):
     (["--ladder", "3x", "--top", "0", "--baselines", "crammed-bert-cpu"], "--top: a ladder promotes candidates"),
 ])
 def test_bad_ladder_input_is_one_line_before_any_training(extra, expected, small_store, capsys, monkeypatch):
-    import search.trial
+    import search.study.trial
 
     def no_training(*args, **kwargs):
         raise AssertionError("trained despite bad input")
 
-    monkeypatch.setattr(search.trial, "cram_and_probe", no_training)
+    monkeypatch.setattr(search.study.trial, "cram_and_probe", no_training)
     capsys.readouterr()
     assert main(["--study", "b", "--tracking-uri", small_store, *extra]) == 2
     captured = capsys.readouterr()
@@ -174,9 +174,9 @@ def test_bad_ladder_input_is_one_line_before_any_training(extra, expected, small
 
 
 def test_estimate_prices_every_rung_and_trains_nothing(small_store, capsys, monkeypatch):
-    import search.trial
+    import search.study.trial
 
-    monkeypatch.setattr(search.trial, "cram_and_probe", lambda *args, **kwargs: pytest.fail("trained for an estimate"))
+    monkeypatch.setattr(search.study.trial, "cram_and_probe", lambda *args, **kwargs: pytest.fail("trained for an estimate"))
     runs_before = len(mlflow.MlflowClient(small_store).search_runs([mlflow.MlflowClient(small_store)
                                                                     .get_experiment_by_name("b").experiment_id]))
     assert main(["--study", "b", "--tracking-uri", small_store, "--ladder", "3x,9x", "--seeds", "2",

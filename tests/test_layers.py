@@ -13,6 +13,14 @@ Only imports under `if TYPE_CHECKING:` (they never run; annotations are strings 
 __future__ import annotations`) and under `if __name__ == "__main__":` (the module run as a
 program, which no import does) are exempt from this rule.
 
+Inside search/ the subpackages are layered the same way, lowest first: search.base (the shared
+vocabulary: trial attributes, states, tags, objectives, paths) <- search.tracking (MLflow) <-
+search.analysis (reading finished studies, the ladder) <- search.study (running a study) <- the
+commands, the modules at the top of search/ (run, confirm, export, sizing, audit, record). A search
+module may import its own layer and those below it, function-level imports included; only imports
+under `if TYPE_CHECKING:` (and `if __name__ == "__main__":`) are exempt, as for cycles: an
+annotation may name a type of a layer above (the ladder's plan names the study's `Probe`).
+
 `benchmarks/` and `tests/` sit above every layer and are not checked.
 """
 
@@ -24,6 +32,8 @@ from pathlib import Path
 from tests.helpers import ROOT
 
 LAYERS = ("space", "trainer", "glue", "search", "dashboards")
+# search/'s own layers, lowest first; "search" is its top level, the commands.
+SEARCH_LAYERS = ("search.base", "search.tracking", "search.analysis", "search.study", "search")
 
 
 def _module_name(path: Path) -> str:
@@ -100,6 +110,27 @@ def upward_imports(sources: dict[str, Path]) -> list[str]:
     return problems
 
 
+def _search_layer(module: str) -> str | None:
+    """The layer of search/ that `module` belongs to (the longest matching prefix), None outside search/."""
+    matching = [layer for layer in SEARCH_LAYERS if module == layer or module.startswith(f"{layer}.")]
+    return max(matching, key=len, default=None)
+
+
+def upward_search_imports(sources: dict[str, Path]) -> list[str]:
+    """'importer:line imports module' for each import that runs, by a search module, of a search
+    layer above the importer's (`if TYPE_CHECKING:` imports exempt)."""
+    problems = []
+    for module, path in sources.items():
+        layer = _search_layer(module)
+        if layer is None:
+            continue
+        for target, line, runs in imports(path, set(sources)):
+            above = _search_layer(target)
+            if runs and above is not None and SEARCH_LAYERS.index(above) > SEARCH_LAYERS.index(layer):
+                problems.append(f"{module}:{line} imports {target} ({above} is above {layer})")
+    return problems
+
+
 def cycles(sources: dict[str, Path]) -> list[list[str]]:
     """The cycles (each once, as the modules on it) of the imports that run, inside one package."""
     graph = {module: sorted({target for target, _, runs in imports(path, set(sources))
@@ -128,6 +159,10 @@ def test_no_module_imports_a_package_above_its_own():
     assert upward_imports(_sources()) == []
 
 
+def test_search_layers_import_only_downwards():
+    assert upward_search_imports(_sources()) == []
+
+
 def test_no_import_cycle_inside_a_package():
     assert [" -> ".join([*cycle, cycle[0]]) for cycle in cycles(_sources())] == []
 
@@ -152,3 +187,28 @@ def test_the_checks_see_function_level_imports_and_cycles(tmp_path, monkeypatch)
     sources = _sources()
     assert upward_imports(sources) == ["space.a:2 imports trainer.x (trainer is above space)"]
     assert sorted(sorted(cycle) for cycle in cycles(sources)) == [["trainer.v", "trainer.v2"], ["trainer.x", "trainer.y"]]
+
+
+def test_the_search_layer_check_sees_function_level_imports(tmp_path, monkeypatch):
+    """The search layer check on a tiny tree: a command importing down and a TYPE_CHECKING import
+    up pass; a function-level import up (base -> tracking) and an import of a command from the study
+    layer are found."""
+    for name, text in {
+        "search/__init__.py": "",
+        "search/run.py": "from search.study import driver\n",
+        "search/base/__init__.py": "",
+        "search/base/states.py": "",
+        "search/base/attrs.py": "def f():\n    from search.tracking import tracker\n",
+        "search/tracking/__init__.py": "",
+        "search/tracking/tracker.py": ("from typing import TYPE_CHECKING\nfrom search.base import states\n"
+                                       "if TYPE_CHECKING:\n    from search.study import driver\n"),
+        "search/study/__init__.py": "",
+        "search/study/driver.py": "from search.tracking.tracker import StudyTracker\ndef g():\n    import search.run\n",
+    }.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    assert upward_search_imports(_sources()) == [
+        "search.base.attrs:2 imports search.tracking.tracker (search.tracking is above search.base)",
+        "search.study.driver:3 imports search.run (search is above search.study)",
+    ]

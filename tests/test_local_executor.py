@@ -1,6 +1,6 @@
 """`search.run --executor local`: the study without Ray.
 
-Its early stopping (`search.asha.SuccessiveHalving`) decides what Ray's ASHA decides on the same
+Its early stopping (`search.study.asha.SuccessiveHalving`) decides what Ray's ASHA decides on the same
 reports; its studies give the records the Ray executor's give (the study tests of ASHA, of trial
 faults, a killed worker process among them, and of a killed driver's resume, in tests/test_search.py
 and tests/reliability/, run on both executors); and it needs no Ray."""
@@ -12,19 +12,20 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from search.asha import SuccessiveHalving
-from search.local_executor import slot_gpus
+
 from search.run import main
+from search.study.asha import SuccessiveHalving
+from search.study.local_executor import slot_gpus
 from trainer.loop import max_progress_reports
 
 
 @pytest.mark.parametrize("grace,factor,reports", [(4, 2, 15), (2, 2, 15), (1, 3, 15), (2, 4, 99)])
 def test_successive_halving_decides_as_rays_asha_on_the_same_reports(grace, factor, reports):
     """Trials interleaved at random, some with tied losses and a NaN among them: every decision of
-    ours is Ray's (`search.ray_executor.early_stopping`'s scheduler)."""
+    ours is Ray's (`search.study.ray_executor.early_stopping`'s scheduler)."""
     from ray.tune.schedulers import TrialScheduler
 
-    from search.ray_executor import early_stopping
+    from search.study.ray_executor import early_stopping
 
     report_every = 1 / (reports + 1)
     assert max_progress_reports(report_every) == reports
@@ -60,13 +61,15 @@ def test_each_trial_at_once_gets_its_own_gpus_or_its_share_of_one():
 def test_the_local_executor_runs_without_ray(monkeypatch):
     """What a GPU machine without Ray's wheel imports: the driver's modules and the worker's."""
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
-    for name in [n for n in sys.modules if n.startswith("search.")]:
+    # search itself too: the fresh imports then set their attributes on a fresh package, and the old
+    # `search.study` (whose `.trial` later tests patch) stays what sys.modules holds after the undo.
+    for name in [n for n in sys.modules if n == "search" or n.startswith("search.")]:
         monkeypatch.delitem(sys.modules, name)
-    import search.local_executor
-    import search.study
-    import search.trial  # noqa: F401 - imported to see that it can be
+    import search.study.driver
+    import search.study.local_executor
+    import search.study.trial  # noqa: F401 - imported to see that it can be
 
-    assert "ray" not in search.study.__dict__ and search.local_executor.run_locally
+    assert "ray" not in search.study.driver.__dict__ and search.study.local_executor.run_locally
 
 
 def test_local_executor_refuses_a_ray_address_in_one_line(tmp_path, capsys):

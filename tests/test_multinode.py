@@ -1,6 +1,6 @@
 """Issue 13: a study on a Ray cluster whose nodes do not share a cache. The driver prepares the data
 once; a trial on a node whose cache lacks it writes the driver's shipped files there, once per node
-(`trainer.data.open_prepared`, `search.trial.ShippedData`), and never tokenises the corpus itself.
+(`trainer.data.open_prepared`, `search.study.trial.ShippedData`), and never tokenises the corpus itself.
 
 The cluster is two `ray start` nodes on this machine, each with its own CRAMNAS_CACHE. A Ray started
 with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (tests/conftest.py) refuses a second node, so these nodes

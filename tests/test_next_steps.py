@@ -15,9 +15,9 @@ import yaml
 
 from dashboards import report
 from search import export
-from search.next_steps import StudyFlags, after_search, print_after_search, report_path
-from search.stores import resolve_uri, study_storage
-from search.tracking import StudyTracker
+from search.study.next_steps import StudyFlags, after_search, print_after_search, report_path
+from search.tracking.stores import resolve_uri, study_storage
+from search.tracking.tracker import StudyTracker
 from tests.dashboard_study import TRAIN, scratch_store, write_confirmations, write_study
 from tests.helpers import ROOT
 
@@ -92,7 +92,7 @@ def test_report_hints_carry_the_studys_data(tmp_path):
     with scratch_store("cramnas-next-") as uri:
         write_study(uri, "hinted", 3, controller="random", objective="mlm", optuna_store=False)
         tracker = StudyTracker(uri, "hinted")
-        tracker.start_study({"data": "/data/shared"})  # as search.run records it (search.next_steps.data_settings)
+        tracker.start_study({"data": "/data/shared"})  # as search.run records it (search.study.next_steps.data_settings)
         page = report.write_report("hinted", tmp_path / "r.html", uri, log_artifact=False).read_text()
         flags = StudyFlags.of_run("hinted", uri, tracker.study_run())
     assert flags.data == {"data": "/data/shared"}

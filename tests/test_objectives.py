@@ -1,4 +1,4 @@
-"""Every objective in `search.objectives.OBJECTIVES` is ranked by its own metric everywhere: the
+"""Every objective in `search.base.objectives.OBJECTIVES` is ranked by its own metric everywhere: the
 study store's ranking (terminal view, `search.export`), the export itself, the candidates
 `search.confirm` picks, and the study report's score. One objective more (`tokens_per_s`, added
 here) must need no other edit. Synthetic studies (tests/dashboard_study.py): no training."""
@@ -11,11 +11,12 @@ import yaml
 
 from dashboards.analysis import top_k
 from dashboards.data import load_study
+from search.analysis.ranking import ranked_trials
+from search.base.objectives import OBJECTIVES, Objective
 from search.confirm import pick_candidates, study_objective
-from search.export import export, ranked_trials
-from search.objectives import OBJECTIVES, Objective
-from search.stores import study_storage
-from search.tracking import StudyTracker
+from search.export import export
+from search.tracking.stores import study_storage
+from search.tracking.tracker import StudyTracker
 from tests.dashboard_study import scratch_store, write_study
 
 THROUGHPUT = Objective("throughput", ("tokens_per_s",), ("maximize",), "tokens per second")

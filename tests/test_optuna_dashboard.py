@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from dashboards import screenshots
-from search.stores import study_storage
+from search.tracking.stores import study_storage
 from tests.dashboard_study import scratch_store, write_study
 from tests.helpers import free_port
 from tests.studies import wait_for

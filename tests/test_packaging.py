@@ -1,7 +1,7 @@
 """What an installed cramnas holds (issue 39 §1).
 
 The packages open files by a path relative to themselves: the device profiles, search spaces and
-run configs (search/paths.py, space/search_space.py) and the reference core (trainer/budget.py).
+run configs (search/base/paths.py, space/search_space.py) and the reference core (trainer/budget.py).
 A non-editable install has only what the wheel carries, and pyproject.toml's package-data decides
 that; the editable install of the edit loop reads the checkout, so it hides a gap (the wheel once
 lacked search/profiles/, and an installed `search.run` could not start). Here the wheel that

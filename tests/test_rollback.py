@@ -96,7 +96,7 @@ def test_recovery_settings_are_checked(setting, value, message):
 
 
 def test_a_trial_reports_its_rollbacks():
-    from search.report import trial_metrics
+    from search.study.report import trial_metrics
 
     result = {key: 0.0 for key in ("validation_loss", "unigram_floor", "nats_below_unigram", "corruption_floor",
                                    "nats_below_floor", "context_reference", "tokens", "tokens_per_s", "params",

@@ -51,7 +51,7 @@ def test_each_controller_runs_a_study_end_to_end(controller, args, tmp_path):
 
 
 def test_evolution_records_lineage_in_mlflow(args, tmp_path, monkeypatch):
-    from search import controllers
+    from search.study import controllers
 
     small = lambda space, seed, startup: controllers.RegularizedEvolutionSampler(space, 3, 2, seed)
     monkeypatch.setitem(controllers.CONTROLLERS, "evolution", controllers.Controller(small, False))

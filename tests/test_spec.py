@@ -1,10 +1,10 @@
-"""`search.spec.TrialSpec`: what a trial needs, typed, through the plain dict Ray carries."""
+"""`search.study.spec.TrialSpec`: what a trial needs, typed, through the plain dict Ray carries."""
 
 from __future__ import annotations
 
 import json
 
-from search.spec import Probe, TrialSpec
+from search.study.spec import Probe, TrialSpec
 from space.arch import ArchConfig
 from trainer.budget import Budget
 from trainer.config import TrainConfig

@@ -1,10 +1,10 @@
-"""search/stats.py: the one interval formatter and the one paired verdict every table gives."""
+"""search/analysis/stats.py: the one interval formatter and the one paired verdict every table gives."""
 
 import math
 
 import pytest
 
-from search.stats import interval, noise_verdict, paired, plus_minus
+from search.analysis.stats import interval, noise_verdict, paired, plus_minus
 
 T_975_2 = 4.302652729749462  # Student t, 97.5% quantile, 2 degrees of freedom (scipy.stats.t.ppf(0.975, 2))
 

@@ -1,4 +1,4 @@
-"""A study with early stopping on gives its controller every trial (search.stopped), and the rung
+"""A study with early stopping on gives its controller every trial (search.study.stopped), and the rung
 measurement ranks what it should: a stand-in objective, no training."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from search import attrs
-from search.controllers import ask, make_sampler, open_study, tell
-from search.states import COMPLETE, PRUNED
-from search.stopped import SeesStoppedTrials, imputed_finals, rung_ranking, study_rung_ranking
+from search.base import attrs
+from search.base.states import COMPLETE, PRUNED
+from search.study.controllers import ask, make_sampler, open_study, tell
+from search.study.stopped import SeesStoppedTrials, imputed_finals, rung_ranking, study_rung_ranking
 from space import ArchConfig, default_space_path, load_space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

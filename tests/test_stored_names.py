@@ -1,10 +1,10 @@
-"""The names cramnas stores under (`search.attrs`: Optuna user attributes; `search.tags`: MLflow
+"""The names cramnas stores under (`search.base.attrs`: Optuna user attributes; `search.base.tags`: MLflow
 tags): every existing study database and MLflow store holds these strings, so a change to one
 would leave old studies unreadable. Pinned here, one by one."""
 
 from __future__ import annotations
 
-from search import attrs, tags
+from search.base import attrs, tags
 
 
 def test_optuna_user_attributes_keep_their_stored_keys():

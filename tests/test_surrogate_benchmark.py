@@ -20,7 +20,7 @@ import controller_efficiency  # noqa: E402
 import cram_table  # noqa: E402
 import surrogate as surrogates  # noqa: E402
 
-from search.warm_start import hand_designs  # noqa: E402
+from search.study.warm_start import hand_designs  # noqa: E402
 from space import default_space_path, load_space  # noqa: E402
 
 NOISE_SD = 0.02

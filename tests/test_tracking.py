@@ -1,4 +1,4 @@
-"""search.tracking against a real SQLite MLflow store in a temporary directory (no server)."""
+"""search.tracking.tracker against a real SQLite MLflow store in a temporary directory (no server)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from mlflow.protos.databricks_pb2 import (
     TEMPORARILY_UNAVAILABLE,
 )
 
-from search.objectives import OBJECTIVES, Objective
-from search.params import param_value, params_under, trial_params
-from search.retry import Retry, TrackingError
-from search.stores import check_store, resolve_uri
-from search.tracking import StudyTracker
+from search.base.objectives import OBJECTIVES, Objective
+from search.tracking.params import param_value, params_under, trial_params
+from search.tracking.retry import Retry, TrackingError
+from search.tracking.stores import check_store, resolve_uri
+from search.tracking.tracker import StudyTracker
 from space.arch import ArchConfig
 from tests.helpers import FakeTime
 from trainer.config import TrainConfig
@@ -199,7 +199,7 @@ def test_a_run_cut_short_is_reopened_when_its_trial_runs_again(tracker):
     tracker.finish_run(done, "complete", {"tokens": 10})
     stale = tracker.open_trial_run(1, ARCH, TRAIN, FINGERPRINT)
     assert [run.info.run_id for run in tracker.running_trial_runs()] == [stale]
-    tracker.finish_run(stale, "failed", reason="driver died", cut_short=True)  # as search.study.reconcile does
+    tracker.finish_run(stale, "failed", reason="driver died", cut_short=True)  # as search.study.driver.reconcile does
     client = MlflowClient(tracker.uri)
     assert client.get_run(stale).info.status == "KILLED" and tracker.running_trial_runs() == []
     # The resumed study runs trial 1 again: its run comes back to life, without the old reason.

@@ -9,10 +9,10 @@ import weakref
 import pytest
 import torch
 
-import search.trial
-from search.local_executor import TrialStopped
+import search.study.trial
 from search.run import repeat_warning_for_study
-from search.spec import TrialSpec
+from search.study.local_executor import TrialStopped
+from search.study.spec import TrialSpec
 from space import load_space
 from space.arch import ArchConfig
 from tests.helpers import ROOT, SLICE_SEQ, SLICE_VOCAB
@@ -74,10 +74,10 @@ def test_a_trial_asha_stops_frees_its_model_before_the_worker_moves_on(stop, wik
             raise stop  # what ray.train's session, or the local worker, does when early stopping says stop
 
     monkeypatch.setattr(loop, "CrammedBert", tracked)
-    monkeypatch.setattr(search.trial, "open_prepared", lambda *args: (wiki_slice, "cache"))
+    monkeypatch.setattr(search.study.trial, "open_prepared", lambda *args: (wiki_slice, "cache"))
     spec = TrialSpec(TRAIN, Budget.parse(f"{16 * 4 * SLICE_SEQ}tokens"), wiki_slice.fingerprint, arch=ARCH,
                      trial_number=0)
     with pytest.raises(type(stop)) as stopped:
-        search.trial.execute_trial(spec.to_dict(), report)
+        search.study.trial.execute_trial(spec.to_dict(), report)
     assert len(models) == 1
     assert models[0]() is None  # with the frames' variables still held by `stopped`, it would be alive

@@ -1,4 +1,4 @@
-"""The trial's way back (`search.report`): what a worker sends Ray and what the driver reads back.
+"""The trial's way back (`search.study.report`): what a worker sends Ray and what the driver reads back.
 
 The searcher's side is checked end to end on scratch stores: a progress report and a final one, in
 the flattened form Ray hands a searcher, land in MLflow and Optuna under the names they always had."""
@@ -11,12 +11,12 @@ import mlflow
 import optuna
 import pytest
 
-from search import controllers
-from search.objectives import OBJECTIVES
-from search.report import RAY_KEYS, ProgressReport, TrialReport, from_tune, trial_metrics
-from search.searcher import CramnasSearcher
-from search.spec import TrialSpec
-from search.tracking import StudyTracker
+from search.base.objectives import OBJECTIVES
+from search.study import controllers
+from search.study.report import RAY_KEYS, ProgressReport, TrialReport, from_tune, trial_metrics
+from search.study.searcher import CramnasSearcher
+from search.study.spec import TrialSpec
+from search.tracking.tracker import StudyTracker
 from space import load_space
 from tests.helpers import ROOT
 from trainer.budget import Budget
@@ -29,7 +29,7 @@ CRAM = {"validation_loss": 6.2, "unigram_floor": 6.95, "nats_below_unigram": 0.7
         "rollbacks": [{"step": 3}, {"step": 9}], "regime": "plateau", "arch_fingerprint": "abc"}
 PROBE = {"average": 0.61, "seconds": {"total": 12.0, "sst2": 12.0}, "metrics": {"sst2": {"accuracy": 0.61}}}
 
-# What `search.trial.trial_metrics` returned for CRAM and PROBE before it moved here: the MLflow
+# What `search.study.trial.trial_metrics` returned for CRAM and PROBE before it moved here: the MLflow
 # metric names of every recorded study.
 OLD_METRICS = {
     "validation_loss": 6.2, "unigram_floor": 6.95, "nats_below_unigram": 0.75, "corruption_floor": 6.4,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from search.spec import TrialSpec
+from search.study.spec import TrialSpec
 from space import SpaceError, load_space
 from space.arch import CHOICES, ELEMENTWISE_OPS, ArchConfig, ArchError
 from space.vocabulary import FFN_ACTIVATION, VOCABULARIES, Activation, FfnKind, NormKind, NormPlacement, Position

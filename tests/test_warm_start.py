@@ -1,4 +1,4 @@
-"""A study's first draw (search/warm_start.py, space/design.py): the profile's hand designs are
+"""A study's first draw (search/study/warm_start.py, space/design.py): the profile's hand designs are
 members of its space and trained first, then a covering design trains every value of every choice
 and bool before the controller models anything."""
 
@@ -10,9 +10,9 @@ import optuna
 import pytest
 import yaml
 
-from search import attrs
-from search.controllers import CONTROLLERS, ask, open_study, tell
-from search.warm_start import describe_first_draw, hand_designs, parse_spec, search_verdict, warm_starts
+from search.base import attrs
+from search.study.controllers import CONTROLLERS, ask, open_study, tell
+from search.study.warm_start import describe_first_draw, hand_designs, parse_spec, search_verdict, warm_starts
 from space import load_space
 from space.design import categorical_params, covering_design, covering_size, optuna_params, uncovered
 from space.errors import UsageError

@@ -53,7 +53,7 @@ class Staged:
         self.final, self.merge = final, merge
         tag = uuid.uuid4().hex[:8]  # unique across processes, also on a cache shared between machines
         # Merged files are written beside their final names (`.model.safetensors.tmp-<tag>`), which
-        # fault injection recognises (search/trial.py's `diskfull`); a new directory is built whole.
+        # fault injection recognises (search/study/trial.py's `diskfull`); a new directory is built whole.
         self.tag, self.dir = tag, final if merge else final.parent / f".{final.name}.tmp-{tag}"
         self.written: list[str] = []  # in order: "merge" publishes them in it
 

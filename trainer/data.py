@@ -33,7 +33,7 @@ What `prepare_data` does, each step cached so that a second call only opens file
 
 On a Ray cluster the driver prepares the data and a trial opens it by its fingerprint
 (`open_prepared`): from its machine's cache, or, on a machine without the entry, from the
-driver's files (`entry_files`, shipped through Ray by `search.study`), written into that
+driver's files (`entry_files`, shipped through Ray by `search.study.driver`), written into that
 machine's cache once, so that no trial tokenises the corpus again.
 """
 

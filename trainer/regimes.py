@@ -30,7 +30,7 @@ def regime(loss: float, corruption_floor: float, context_reference: float) -> st
 
 
 def regime_of(metrics: Mapping[str, float]) -> str | None:
-    """The regime of a recorded result's metrics (`search.report.trial_metrics`); None for one
+    """The regime of a recorded result's metrics (`search.study.report.trial_metrics`); None for one
     recorded before the references existed."""
     if not {"validation_loss", "corruption_floor", "context_reference"} <= set(metrics):
         return None

@@ -7,7 +7,7 @@ import pytest
 from mlflow import MlflowClient
 
 from search.audit import audit_study, main
-from search.tracking import StudyTracker
+from search.tracking.tracker import StudyTracker
 from tests.dashboard_study import TRAIN, write_study
 
 pytestmark = pytest.mark.slow  # each test writes a synthetic study to a new MLflow store

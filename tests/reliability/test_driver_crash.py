@@ -11,8 +11,8 @@ import sys
 import pytest
 from optuna.trial import TrialState
 
-from search.controllers import is_cut_short
 from search.run import main
+from search.study.controllers import is_cut_short
 from tests.helpers import cli_env, requires_shared_data
 from tests.studies import check_stores_agree, kill_session, study_args, trials_in, wait_for
 

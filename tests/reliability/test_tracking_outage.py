@@ -11,10 +11,10 @@ import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from search import controllers
-from search.retry import PendingWrites, Retry, TrackingError, TrackingUnavailable
-from search.study import reconcile
-from search.tracking import StudyTracker
+from search.study import controllers
+from search.study.driver import reconcile
+from search.tracking.retry import PendingWrites, Retry, TrackingError, TrackingUnavailable
+from search.tracking.tracker import StudyTracker
 from space import load_space
 from tests.helpers import FakeTime, cli_env, requires_shared_data
 from tests.studies import PROFILE, check_stores_agree, kill_session, study_args, trials_in, wait_for

@@ -12,8 +12,8 @@ import pytest
 from optuna.trial import TrialState
 
 from search.run import main
-from search.tracking import StudyTracker
-from search.trial import FAULT_KINDS, parse_faults
+from search.study.trial import FAULT_KINDS, parse_faults
+from search.tracking.tracker import StudyTracker
 from tests.helpers import requires_shared_data
 from tests.studies import check_stores_agree, study_args
 from trainer.checkpoint import load_checkpoint

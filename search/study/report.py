@@ -1,16 +1,16 @@
 """The trial's way back, typed: what a worker reports to Ray Tune and what the driver reads back.
 
-`search.spec.TrialSpec` types the way out (driver -> worker); this module types the way back.
-A worker (`search.trial`) sends `ProgressReport.to_tune()` at each rung and one
-`TrialReport.to_tune()` at its end; the driver (`search.searcher`) reads every result Ray hands it
+`search.study.spec.TrialSpec` types the way out (driver -> worker); this module types the way back.
+A worker (`search.study.trial`) sends `ProgressReport.to_tune()` at each rung and one
+`TrialReport.to_tune()` at its end; the driver (`search.study.searcher`) reads every result Ray hands it
 with `from_tune`, which is the one place that knows which keys are Ray's bookkeeping and how Ray
 flattens nested results (`result/cram/seconds`).
 
 The flat dict is the record's format, not only the wire's: its metric keys become the MLflow
-metric names and the Optuna user attribute `metrics` (`search.attrs.METRICS`), which a repeat of the
+metric names and the Optuna user attribute `metrics` (`search.base.attrs.METRICS`), which a repeat of the
 architecture reports again (`TrialSpec.recorded`), so its keys never change.
 
-Kept free of torch and Ray, like `search.spec`.
+Kept free of torch and Ray, like `search.study.spec`.
 """
 
 from __future__ import annotations

@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from search import tags as tag
+from search.base import tags as tag
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
 
-    from search.spec import StudyPlan
+    from search.study.spec import StudyPlan
 
 # Study settings (study-run tags `cramnas.<key>`) naming where the study's data came from, and
 # the flag that passes each again.
@@ -33,7 +33,7 @@ def baselines(device: str) -> str:
     starts (search/profiles/<device>.yaml), the designs a careful person would pick today at that
     scale (Cramming's, NeoBERT's, ModernBERT's and, on a CPU, crammed-bert with RoPE at the best size
     for the budget); the GPU configs do not fit a CPU."""
-    from search.warm_start import hand_design_names
+    from search.study.warm_start import hand_design_names
 
     return ",".join(hand_design_names(device))
 
@@ -69,7 +69,7 @@ class StudyFlags:
     def store_flags(self, storage: bool = True) -> list[str]:
         """`--tracking-uri` and (`storage`: for a command that takes it) `--storage`, each only
         when it is not what the command would default to, here."""
-        from search.stores import resolve_uri, study_storage  # MLflow: seconds, only for the hint itself
+        from search.tracking.stores import resolve_uri, study_storage  # MLflow: seconds, only for the hint itself
 
         flags = []
         uri = resolve_uri(self.tracking_uri) if self.tracking_uri else None

@@ -1,9 +1,9 @@
 """`TrialSpec`: everything one trial needs, typed, and the plain dict it travels as through Ray;
-`StudyPlan`: everything a study needs, checked (built by `search.run`, run by `search.study`,
-shown by `search.view`).
+`StudyPlan`: everything a study needs, checked (built by `search.run`, run by `search.study.driver`,
+shown by `search.study.view`).
 
-`search.run` builds the study's template (no architecture yet), `search.searcher` makes each
-trial's spec with `for_trial`, Ray hands `to_dict()` to the worker and `search.trial` reads it back
+`search.run` builds the study's template (no architecture yet), `search.study.searcher` makes each
+trial's spec with `for_trial`, Ray hands `to_dict()` to the worker and `search.study.trial` reads it back
 with `from_dict`. `Probe` is what the GLUE probe runs, shared with `search.confirm`.
 
 Kept free of torch and Ray, so that `search.run` checks its flags before either is imported.
@@ -24,7 +24,7 @@ from trainer.config import TrainConfig
 if TYPE_CHECKING:  # StudyPlan's field types only: this module stays importable without Optuna
     import optuna
 
-    from search.objectives import Objective
+    from search.base.objectives import Objective
     from space.search_space import SearchSpace
 
 
@@ -111,13 +111,13 @@ class StudyPlan:
     budget: Budget
     template: TrialSpec  # what every trial gets, before its own arch (`TrialSpec.for_trial`)
     resources: dict[str, float]
-    max_concurrent: int | None  # --max-concurrent; None: as many as the resources allow (search.study)
+    max_concurrent: int | None  # --max-concurrent; None: as many as the resources allow (search.study.driver)
     early_stop: dict[str, Any] | None
     tracking_uri: str
     storage: str
     address: str | None
     seed: int
-    executor: str = "ray"  # search.run --executor: "ray" (search.ray_executor) or "local" (search.local_executor)
+    executor: str = "ray"  # search.run --executor: "ray" (search.study.ray_executor) or "local" (search.study.local_executor)
     # The prepared data's references (trainer/references.py): what every trial's loss is read
     # against. None only for a plan built without data.
     unigram_floor: float | None = None

@@ -3,7 +3,7 @@ from them: the score a study ranks by, the confirmations' ranking with 95% inter
 against hand design seed by seed (`search.export` prefers a confirmed winner by them;
 `dashboards.report` draws them), and the regimes of trainer/regimes.py.
 
-Frames are what `search.tracking.StudyTracker.trial_table` returns (one row per run: `trial`,
+Frames are what `search.tracking.tracker.StudyTracker.trial_table` returns (one row per run: `trial`,
 `run_id`, `status`, `start_time`, `end_time`, `params.*`, `metrics.*`, `tags.*`); `prepare` adds
 the few derived columns every view needs. Nothing here reads a store or draws anything.
 """
@@ -18,15 +18,15 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from search import tags as tag
-from search.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, Objective
-from search.states import COMPLETE, FAILED, REPEAT, state_of_status
-from search.stats import CONFIDENCE, Interval, interval, noise_verdict, paired
+from search.analysis.stats import CONFIDENCE, Interval, interval, noise_verdict, paired
+from search.base import tags as tag
+from search.base.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, Objective
+from search.base.states import COMPLETE, FAILED, REPEAT, state_of_status
 from trainer.regimes import PLATEAU_MARGIN, regime_of
 
 STATE_COLUMN = tag.column(tag.STATE)
 LOSS = "metrics.validation_loss"  # what the search logs (trainer.cram's CramResult name)
-PROBE = "metrics.probe_average"  # the GLUE probe score (search.report.trial_metrics); NaN for a study without the probe
+PROBE = "metrics.probe_average"  # the GLUE probe score (search.study.report.trial_metrics); NaN for a study without the probe
 # How far below the unigram floor the loss ended (trainer/unigram.py): what a trial learned beyond
 # token frequencies. NaN for runs logged before the floor was.
 BELOW_FLOOR = "metrics.nats_below_unigram"
@@ -72,7 +72,7 @@ FALLBACK_OBJECTIVE = OBJECTIVES["mlm"]
 
 
 def choose_score(objective: str | None, frame: pd.DataFrame) -> Score:
-    """The study's score: its objective's ranking metric (`search.objectives`). A study with an
+    """The study's score: its objective's ranking metric (`search.base.objectives`). A study with an
     unknown objective is ranked by the probe; one whose complete trials never logged the metric
     by the validation MLM loss; either way the score says so in its note."""
     name = (objective or "").strip()
@@ -89,7 +89,7 @@ def choose_score(objective: str | None, frame: pd.DataFrame) -> Score:
 # ---- the frame --------------------------------------------------------------------------------
 
 def prepare(frame: pd.DataFrame) -> pd.DataFrame:
-    """A copy with `state` (`search.states`; from the MLflow status for a run without the tag),
+    """A copy with `state` (`search.base.states`; from the MLflow status for a run without the tag),
     every objective's metric column (NaN where not logged), and `spent_s`: the device seconds a run cost, its
     `seconds` metric, else its wall time. A repeat's `seconds` is its original's copy, so a repeat
     is charged its own (tiny) wall time."""
@@ -125,7 +125,7 @@ def scored(frame: pd.DataFrame, score: Score) -> pd.DataFrame:
 
 def mean_ci(values: Iterable[float], confidence: float = CONFIDENCE) -> Interval:
     """Mean and Student-t confidence interval of the finite `values` (a frame's column):
-    `search.stats.interval`, so that the report and search.confirm's table give the same interval."""
+    `search.analysis.stats.interval`, so that the report and search.confirm's table give the same interval."""
     return interval([float(v) for v in values if v is not None and math.isfinite(v)], confidence)
 
 

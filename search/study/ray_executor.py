@@ -1,9 +1,9 @@
 """`search.run`'s default executor: the study's trials on Ray Tune, on this machine or, with
 `--address`, on a Ray cluster. Ray places each trial on the CPUs and GPUs it asks for, reuses its
-workers, and stops trials with its ASHA scheduler; `search.searcher.CramnasSearcher` keeps every
+workers, and stops trials with its ASHA scheduler; `search.study.searcher.CramnasSearcher` keeps every
 record, seen by Ray as a `Searcher`.
 
-Everything here imports Ray; nothing else in a study needs it (`search.local_executor` runs
+Everything here imports Ray; nothing else in a study needs it (`search.study.local_executor` runs
 without it)."""
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from ray.tune import Callback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import Searcher
 
-from search.report import ASHA_METRIC
-from search.resources import auto_cpus_per_trial, concurrency
-from search.searcher import CramnasSearcher
-from search.spec import StudyPlan
-from search.trial import Placement, ShippedData, execute_trial
+from search.study.report import ASHA_METRIC
+from search.study.resources import auto_cpus_per_trial, concurrency
+from search.study.searcher import CramnasSearcher
+from search.study.spec import StudyPlan
+from search.study.trial import Placement, ShippedData, execute_trial
 
 # Ray's per-trial files (results, logs) go here unless RunConfig is told otherwise (docs/stack.md).
 RAY_RESULTS = Path(tempfile.gettempdir()) / "cramnas-ray"
@@ -52,7 +52,7 @@ def early_stopping(early_stop: dict, report_every: float) -> ASHAScheduler:
     spent or not at all. `max_t` lies half-way between the last progress report and the final one:
     ASHA stops whatever reaches `max_t`, so no progress report may, and its rungs are the
     milestones up to `max_t`; the final report (validation, probe) has no train loss, so ASHA
-    leaves it alone. (`search.asha.SuccessiveHalving` decides the same without Ray.)"""
+    leaves it alone. (`search.study.asha.SuccessiveHalving` decides the same without Ray.)"""
     from trainer.loop import max_progress_reports
 
     return ASHAScheduler(time_attr="training_iteration", metric=ASHA_METRIC, mode="min",
@@ -121,7 +121,7 @@ class _RunningCounter(Callback):
 
 def run_on_ray(plan: StudyPlan, searcher: CramnasSearcher, view, early_stop: dict | None, remaining: int) -> None:
     """Run `remaining` trials on Ray Tune (a local Ray, or the cluster at `plan.address`), at most as
-    many at once as their resources fit (`search.resources.concurrency`)."""
+    many at once as their resources fit (`search.study.resources.concurrency`)."""
     from trainer.data import entry_files
 
     # Tune's result files are off (records live in MLflow), so its post-run analysis finds none.

@@ -2,10 +2,10 @@
 names from here, and the run names.
 
 Every tag is `cramnas.<key>` (`PREFIX`), besides MLflow's own `mlflow.parentRunId` (`PARENT_RUN`),
-which nests trial, confirmation and baseline runs under their study run (`search.tracking`). `KIND`
+which nests trial, confirmation and baseline runs under their study run (`search.tracking.tracker`). `KIND`
 tells the runs apart:
 - `STUDY`: the study's scalar settings, each `cramnas.<key>` (`named`): controller, objective, ...;
-- `TRIAL`: `TRIAL_NUMBER`, `FINGERPRINT`, `STATE` (`search.states`), lineage (`PARENT_TRIAL` and
+- `TRIAL`: `TRIAL_NUMBER`, `FINGERPRINT`, `STATE` (`search.base.states`), lineage (`PARENT_TRIAL` and
   its `PARENT_RUN_ID`, `GENERATION`, `MUTATION`, `REPEAT_OF`; `RERUN_OF` and its `RERUN_OF_RUN_ID`
   for a re-run of a trial the driver's death cut short; `WARM_START` or `FIRST_DRAW` for a trial of
   the study's first draw), once finished `REGIME`, a failed one's
@@ -13,7 +13,7 @@ tells the runs apart:
   why its export is missing);
 - `CONFIRMATION` (`search.confirm`): `CONFIRMATION_OF`, `ORIGINAL_TRIAL`, `SEED`, `BUDGET`,
   `FINGERPRINT`, `STATE`; `BASELINE`: `BASELINE_NAME`, `SEED`, `BUDGET`, `FINGERPRINT`, `STATE`;
-  either, when a promotion ladder ran it (`search.confirm --ladder`, `search.ladder`), `RUNG`;
+  either, when a promotion ladder ran it (`search.confirm --ladder`, `search.analysis.ladder`), `RUNG`;
 - `CRAM`: a run `search.record` made of a bare `trainer.cram` checkpoint, found by its `CHECKPOINT`.
 
 The strings are what every existing MLflow store holds, so none may change.
@@ -25,7 +25,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-from search import attrs
+from search.base import attrs
 from space.arch import ArchConfig, ArchError
 
 PREFIX = "cramnas."
@@ -34,7 +34,7 @@ PARENT_RUN = "mlflow.parentRunId"
 KIND = PREFIX + "kind"
 STUDY, TRIAL, CONFIRMATION, BASELINE, CRAM = "study", "trial", "confirmation", "baseline", "cram"  # KIND's values
 
-STATE = PREFIX + "state"  # search.states: how the run's trial stands
+STATE = PREFIX + "state"  # search.base.states: how the run's trial stands
 TRIAL_NUMBER = PREFIX + "trial"  # a trial run's trial number
 FINGERPRINT = PREFIX + attrs.FINGERPRINT  # the architecture's (ArchConfig.fingerprint)
 DATA_FINGERPRINT = PREFIX + "data_fingerprint"
@@ -47,7 +47,7 @@ GENERATION, MUTATION = PREFIX + attrs.GENERATION, PREFIX + attrs.MUTATION
 PARENT_TRIAL, PARENT_RUN_ID = PREFIX + attrs.PARENT_TRIAL, PREFIX + "parent_run_id"
 REPEAT_OF = PREFIX + attrs.REPEAT_OF
 RERUN_OF, RERUN_OF_RUN_ID = PREFIX + attrs.RERUN_OF, PREFIX + "rerun_of_run_id"
-# The first draw: a warm start's source (a hand design, `study:NAME#N`), or `cover` (search.warm_start).
+# The first draw: a warm start's source (a hand design, `study:NAME#N`), or `cover` (search.study.warm_start).
 WARM_START, FIRST_DRAW = PREFIX + attrs.WARM_START, PREFIX + attrs.FIRST_DRAW
 # Confirmation and baseline runs (search.confirm): what each re-trains, with which seed, under which budget.
 CONFIRMATION_OF = PREFIX + "confirmation_of"  # the original trial's run id
@@ -88,7 +88,7 @@ def study_run_name(study_name: str) -> str:
 def trial_run_name(trial_number: int, arch: Mapping[str, Any], fingerprint: str) -> str:
     """`t0007 4x256/4h geglu pre-norm rotary`: what the runs table shows first, so the trial and
     its architecture, not a hash. An architecture that cannot be described (an impossible one, whose
-    trial fails, or none recorded: `search.study.reconcile`) is named by its fingerprint instead."""
+    trial fails, or none recorded: `search.study.driver.reconcile`) is named by its fingerprint instead."""
     words = fingerprint
     if arch:
         with contextlib.suppress(ArchError):  # defaults first: an older version's arch may leave fields out

@@ -22,7 +22,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from search import attrs
+from search.base import attrs
 from space import ArchConfig, SearchSpace
 from space.design import covering_design, optuna_params
 from space.errors import UsageError
@@ -38,7 +38,7 @@ def hand_design_names(profile: str | dict[str, Any]) -> list[str]:
     settings."""
     import yaml
 
-    from search.paths import PROFILES
+    from search.base.paths import PROFILES
 
     if isinstance(profile, str):
         profile = yaml.safe_load((PROFILES / f"{profile}.yaml").read_text())
@@ -47,7 +47,7 @@ def hand_design_names(profile: str | dict[str, Any]) -> list[str]:
 
 def hand_designs(profile: str | dict[str, Any]) -> list[tuple[str, ArchConfig]]:
     """The hand designs a profile's studies start from (`hand_design_names`), by name."""
-    from search.paths import CONFIGS
+    from search.base.paths import CONFIGS
     from trainer.config import load_run_config
 
     return [(name, load_run_config(CONFIGS / f"{name}.yaml").arch) for name in hand_design_names(profile)]

@@ -1,16 +1,16 @@
 """One search trial in its worker: cram the architecture, then probe it on GLUE. The worker is a
-Ray worker (`search.ray_executor`) or a process of the driver's own (`search.local_executor`);
+Ray worker (`search.study.ray_executor`) or a process of the driver's own (`search.study.local_executor`);
 either hands `execute_trial` its way to report and where the trial was placed.
 
 The worker reports to its executor and nothing else: every record (Optuna study, MLflow run) is
-written by the driver when it sees these reports (`search.searcher`), so a worker that dies can lose no
+written by the driver when it sees these reports (`search.study.searcher`), so a worker that dies can lose no
 record. A trial never raises: an exception becomes a final report with `failed` and its reason,
 so one bad architecture costs one trial, not the study.
 
-Reports, in order (typed in `search.report`, which the driver reads them back with):
+Reports, in order (typed in `search.study.report`, which the driver reads them back with):
 - `budget_fraction`, `train_loss`, `tokens`, `tokens_per_s` at each 1/16 of the budget before its
   end (15 at most): the rungs on which ASHA compares trials by their train loss (`ASHA_METRIC`;
-  `training_iteration` counts them; `search.ray_executor.early_stopping`). None comes at the end of the
+  `training_iteration` counts them; `search.study.ray_executor.early_stopping`). None comes at the end of the
   budget, so a trial ASHA stops has budget left, and one that spends it is validated and probed;
 - one final report with `final=True`: `validation_loss` and its parts by corruption kind
   (`validation_loss.mask`, `.random`, `.unchanged`), the references it is read against
@@ -43,8 +43,8 @@ from typing import Any
 
 import torch
 
-from search.report import ProgressReport, TrialReport, trial_metrics
-from search.spec import Probe, TrialSpec
+from search.study.report import ProgressReport, TrialReport, trial_metrics
+from search.study.spec import Probe, TrialSpec
 from space.arch import ArchConfig
 from space.errors import CramnasError
 from trainer.budget import Budget
@@ -68,7 +68,7 @@ class Placement:
 @dataclass(frozen=True)
 class ShippedData:
     """The driver's prepared data (`trainer.data.entry_files`) in Ray's object store, put there once
-    per study on a cluster (`search.study`). This wrapper, not the data, is what every trial gets
+    per study on a cluster (`search.study.driver`). This wrapper, not the data, is what every trial gets
     (`tune.with_parameters` would fetch a bare reference for each): only a trial on a node whose
     cache lacks the entry fetches it, and writes it there for the node's later trials."""
 

@@ -1,9 +1,9 @@
 """Run a checked `StudyPlan` (search.run): open or resume the study, reconcile its two stores, run
-the remaining trials on its executor (Ray Tune, `search.ray_executor`, or this machine's own
-processes, `search.local_executor`), show progress, print the top 5.
+the remaining trials on its executor (Ray Tune, `search.study.ray_executor`, or this machine's own
+processes, `search.study.local_executor`), show progress, print the top 5.
 
 The Optuna study is the source of truth. MLflow may be down for a while (a tracking server that
-restarts): the driver holds its records and carries on (`search.tracking.PendingWrites`), waits
+restarts): the driver holds its records and carries on (`search.tracking.tracker.PendingWrites`), waits
 up to `TRACKING_WAIT_S` at the end for the rest, and if MLflow is still away, says so and exits 1;
 `--resume` then writes every missing run from the study (`reconcile`)."""
 
@@ -14,16 +14,17 @@ import sys
 
 import optuna
 
-from search import attrs, controllers
-from search import tags as tag
-from search.next_steps import data_settings
-from search.retry import Retry, TrackingUnavailable
-from search.searcher import CramnasSearcher
-from search.spec import StudyPlan
-from search.states import COMPLETE, FAILED, PRUNED, state_of_trial
-from search.tracking import StudyTracker
-from search.view import StudyView, references_text
-from search.warm_start import describe_first_draw
+from search.base import attrs
+from search.base import tags as tag
+from search.base.states import COMPLETE, FAILED, PRUNED, state_of_trial
+from search.study import controllers
+from search.study.next_steps import data_settings
+from search.study.searcher import CramnasSearcher
+from search.study.spec import StudyPlan
+from search.study.view import StudyView, references_text
+from search.study.warm_start import describe_first_draw
+from search.tracking.retry import Retry, TrackingUnavailable
+from search.tracking.tracker import StudyTracker
 from trainer.console import count
 
 # How long a driver write retries before MLflow counts as down and its records are held: short,
@@ -86,7 +87,7 @@ def run_study(plan: StudyPlan) -> int:
         attrs.CONTROLLER: plan.controller, attrs.OBJECTIVE: plan.objective.name, attrs.SPACE: str(plan.space_path),
         attrs.BUDGET: plan.budget.text, "trials": plan.trials, "code_version": _code_version(),
         "train": train, **probe_settings(plan),
-        # Where the data came from, so that the next commands can say it again (search.next_steps).
+        # Where the data came from, so that the next commands can say it again (search.study.next_steps).
         **data_settings(plan.template.data_dir, plan.template.corpus, plan.template.cache_dir),
         # A property of the prepared data, so the study's once (tag and param): the report's header reads it.
         **{name: round(value, 4) for name in ("unigram_floor", "corruption_floor", "context_reference")
@@ -117,9 +118,9 @@ def run_study(plan: StudyPlan) -> int:
     searcher = None
     if remaining > 0:
         if plan.executor == "local":
-            from search.local_executor import run_locally as execute
+            from search.study.local_executor import run_locally as execute
         else:
-            from search.ray_executor import run_on_ray as execute
+            from search.study.ray_executor import run_on_ray as execute
         searcher = CramnasSearcher(study, plan.space, plan.objective, tracker, plan.template,
                                    {attrs.CONTROLLER: plan.controller}, on_outcome=view.record)
         early_stop, off = early_stop_for_session(plan.early_stop, remaining)

@@ -1,6 +1,6 @@
 """MLflow conventions for cramnas studies: one experiment per study, one run per trial.
 
-Layout (which tags each kind of run carries, and what they mean: `search.tags`):
+Layout (which tags each kind of run carries, and what they mean: `search.base.tags`):
 - experiment = study (same name); artifacts of a SQLite store go beside the database file;
 - one *study run*, named `study <name>` so that it stands out among its trials: the study's
   settings as tags and params, its training settings as `train.*` params and the probe's limits as
@@ -18,7 +18,7 @@ Layout (which tags each kind of run carries, and what they mean: `search.tags`):
 Every run is found again by its tags, never remembered in memory, so a driver that crashes and
 resumes reuses the study run and each trial's run instead of creating second ones. All calls go
 through `MlflowClient` with explicit run ids (trials log from Ray workers, where MLflow's global
-active-run state would be wrong) and through `search.retry.Retry`.
+active-run state would be wrong) and through `search.tracking.retry.Retry`.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ import yaml
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, Run, RunTag
 
-from search import attrs
-from search import tags as tag
-from search.objectives import Objective
-from search.params import flatten, trial_params
-from search.retry import Retry, TrackingError, TrackingUnavailable, first_line, is_transient
-from search.states import COMPLETE, RUNNING, STATES
-from search.stores import resolve_uri, sqlite_path
+from search.base import attrs
+from search.base import tags as tag
+from search.base.objectives import Objective
+from search.base.states import COMPLETE, RUNNING, STATES
+from search.tracking.params import flatten, trial_params
+from search.tracking.retry import Retry, TrackingError, TrackingUnavailable, first_line, is_transient
+from search.tracking.stores import resolve_uri, sqlite_path
 from trainer.regimes import regime_of
 
 
@@ -329,17 +329,17 @@ class StudyTracker:
                    artifacts: Mapping[str, str | dict] | None = None, loss_curve: Sequence[tuple[int, float]] = (),
                    timestamp_ms: int | None = None, cut_short: bool = False) -> None:
         """Final metrics, loss curve, state and artifacts of a trial or confirmation run; then end it
-        with the state's MLflow status (`search.states`; `cut_short`: the status of a run that the
+        with the state's MLflow status (`search.base.states`; `cut_short`: the status of a run that the
         driver's death or Ctrl-C cut short).
 
         `metrics` may nest (`{"glue": {"sst2": {"accuracy": 0.8}}}` -> `glue.sst2.accuracy`);
-        `search.report.trial_metrics` builds them from the trial's results. They are logged at step =
+        `search.study.report.trial_metrics` builds them from the trial's results. They are logged at step =
         `tokens` (the trial's last step) so that `tokens_per_s` ends where its progress series ends.
         `loss_curve` points already logged by `log_progress` are not logged twice. `reason` is the
-        `cramnas.failure_reason`; `tags` any other tag (`search.tags`, or a short key: `search.tags.as_tags`). `artifacts`
-        maps a file name to text or a dict, written as YAML or JSON by its extension: by convention
-        `arch.yaml` (the arch dict) and `result.json`. `timestamp_ms`: see `log_progress`; every
-        step here may be repeated without duplicating anything.
+        `cramnas.failure_reason`; `tags` any other tag (`search.base.tags`, or a short key:
+        `search.base.tags.as_tags`). `artifacts` maps a file name to text or a dict, written as YAML or
+        JSON by its extension: by convention `arch.yaml` (the arch dict) and `result.json`.
+        `timestamp_ms`: see `log_progress`; every step here may be repeated without duplicating anything.
         """
         if state not in STATES or state == RUNNING:
             raise ValueError(f"state: expected one of {', '.join(s for s in STATES if s != RUNNING)}, got {state!r}")

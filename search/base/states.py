@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from optuna.trial import FrozenTrial, TrialState
 
-from search import attrs
+from search.base import attrs
 
 
 @dataclass(frozen=True)

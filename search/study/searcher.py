@@ -1,9 +1,9 @@
-"""The driver's side of every trial, whichever executor runs it (`search.ray_executor` hands it to
-Ray Tune as a `Searcher`; `search.local_executor` calls it directly).
+"""The driver's side of every trial, whichever executor runs it (`search.study.ray_executor` hands it to
+Ray Tune as a `Searcher`; `search.study.local_executor` calls it directly).
 
-The executor asks `suggest` for a trial; the controller (an Optuna study, `search.controllers`) proposes an
+The executor asks `suggest` for a trial; the controller (an Optuna study, `search.study.controllers`) proposes an
 architecture and MLflow gets its run. Every report of the worker comes back through
-`on_trial_result`, read as the typed report it was sent as (`search.report.from_tune`), and is
+`on_trial_result`, read as the typed report it was sent as (`search.study.report.from_tune`), and is
 logged to MLflow in one call; `on_trial_complete` tells the study how the trial ended (complete,
 pruned by ASHA, failed) and closes the MLflow run, after logging a complete trial's checkpoint as a
 Hugging Face export (`search.run --save-checkpoints`). Both records are
@@ -19,14 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from search import attrs, controllers
-from search import tags as tag
-from search.objectives import Objective
-from search.report import ProgressReport, TrialReport, from_tune
-from search.retry import PendingWrites
-from search.spec import TrialSpec
-from search.states import COMPLETE, FAILED, PRUNED, REPEAT
-from search.tracking import StudyTracker
+from search.base import attrs
+from search.base import tags as tag
+from search.base.objectives import Objective
+from search.base.states import COMPLETE, FAILED, PRUNED, REPEAT
+from search.study import controllers
+from search.study.report import ProgressReport, TrialReport, from_tune
+from search.study.spec import TrialSpec
+from search.tracking.retry import PendingWrites
+from search.tracking.tracker import StudyTracker
 
 
 @dataclass
@@ -43,7 +44,7 @@ class TrialOutcome:
     """How a trial ended, for the terminal view."""
 
     number: int
-    state: str  # search.states: complete, repeat, pruned or failed
+    state: str  # search.base.states: complete, repeat, pruned or failed
     metrics: dict[str, float]
     proposal: controllers.Proposal
     run_id: str | None  # None while the run's creation is held (MLflow unreachable)

@@ -4,14 +4,14 @@ Every controller is an Optuna study with a sampler from `CONTROLLERS`, so `--con
 lookup and the study's storage is the one persistent record of the search:
 
     study = open_study("s1", DEFAULT_STORAGE, "evolution", "probe", space, seed=0, resume=False,
-                       warm_starts=hand_designs("cpu"), cover=True)   # search.warm_start
+                       warm_starts=hand_designs("cpu"), cover=True)   # search.study.warm_start
     proposal = ask(study, space)                 # a new trial and the ArchConfig it stands for
     if proposal.repeat_of is not None:           # trained before: tell the recorded values
         tell(study, proposal.number, study.trials[proposal.repeat_of].values)
     else:
         tell(study, proposal.number, OBJECTIVES["probe"].values(metrics), intermediate=curve)
 
-(`OBJECTIVES` is `search.objectives`'; the state names `tell` takes are `search.states`'.)
+(`OBJECTIVES` is `search.base.objectives`'; the state names `tell` takes are `search.base.states`'.)
 
 Resume is `open_study(..., resume=True)`, `fail_stale_running(study)`, then
 `rerun_cut_short(study, remaining)`: samplers rebuild from the stored trials, and
@@ -37,10 +37,10 @@ from optuna.storages import BaseStorage
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from search import attrs
-from search.objectives import OBJECTIVES
-from search.states import COMPLETE, FAILED, FINISHED_STATES, REPEAT, STATES, state_of_trial
-from search.stopped import SeesStoppedTrials
+from search.base import attrs
+from search.base.objectives import OBJECTIVES
+from search.base.states import COMPLETE, FAILED, FINISHED_STATES, REPEAT, STATES, state_of_trial
+from search.study.stopped import SeesStoppedTrials
 from space import ArchConfig, OptunaDraws, SearchSpace, mutate
 from space.errors import CramnasError
 
@@ -186,7 +186,7 @@ def _gp(space: SearchSpace, seed: int | None, startup: int | None) -> BaseSample
 
 def _startup(startup: int | None) -> dict[str, int]:
     """A model-based sampler's start-up trials: the study's first draw when it has one (warm starts
-    and the covering design, `search.warm_start`), else the sampler's own default."""
+    and the covering design, `search.study.warm_start`), else the sampler's own default."""
     return {} if not startup else {"n_startup_trials": startup}
 
 
@@ -216,7 +216,7 @@ def make_sampler(controller: str, objective: str, space: SearchSpace, seed: int 
                  startup: int | None = None, early_stop: bool = False) -> BaseSampler:
     """The sampler of `controller` for `objective`, modelling only after `startup` trials (the
     study's first draw; None: the sampler's default), and with `early_stop` also the trials
-    stopped early (`search.stopped.SeesStoppedTrials`); a one-line CramnasError names what is allowed."""
+    stopped early (`search.study.stopped.SeesStoppedTrials`); a one-line CramnasError names what is allowed."""
     if controller not in CONTROLLERS:
         raise CramnasError(f"--controller: unknown {controller!r}; allowed: {', '.join(CONTROLLERS)}")
     if objective not in OBJECTIVES:
@@ -240,14 +240,14 @@ def open_study(name: str, storage: str | BaseStorage | None, controller: str, ob
                trials: int | None = None, early_stop: bool = False) -> optuna.Study:
     """Create study `name` in `storage`, or with `resume` reopen it with the same settings.
 
-    A new study's first trials are queued here (`search.warm_start.first_draw`): the `warm_starts`
+    A new study's first trials are queued here (`search.study.warm_start.first_draw`): the `warm_starts`
     (name, architecture), then with `cover` a covering design that trains every value of every
     choice and bool; the sampler models only after them (its start-up trials, evolution's and
     NSGA-II's first population), a number stored with the study so that a resume builds the same.
     A study of fewer `trials` than that queues only its first `trials` (none left waiting), and a
     resume to more trials does not add the rest: its sampler takes over after those. With
     `early_stop` the sampler models the trials that early stopping ends too (`make_sampler`)."""
-    from search.warm_start import enqueue_first_draw, first_draw
+    from search.study.warm_start import enqueue_first_draw, first_draw
 
     settings = {attrs.CONTROLLER: controller, attrs.OBJECTIVE: objective, attrs.SPACE: space.name, attrs.SEED: seed}
     where = storage if isinstance(storage, str) else "this storage"
@@ -300,7 +300,7 @@ class Proposal:
     generation: int | None = None
     repeat_of: int | None = None
     rerun_of: int | None = None
-    warm_start: str | None = None  # the first draw's: where a warm start came from (search.warm_start)
+    warm_start: str | None = None  # the first draw's: where a warm start came from (search.study.warm_start)
     first_draw: str | None = None  # `cover` for a trial of the covering design
 
 
@@ -337,7 +337,7 @@ def tell(study: optuna.Study, trial_number: int, values: Sequence[float] | None 
          state: str = COMPLETE, reason: str | None = None,
          intermediate: Sequence[tuple[int, float]] | None = None,
          metrics: dict[str, float] | None = None) -> FrozenTrial:
-    """Finish a trial in `state` (`search.states`: complete, repeat, pruned or failed): `values` for
+    """Finish a trial in `state` (`search.base.states`: complete, repeat, pruned or failed): `values` for
     complete ones and repeats, `reason` (user attribute `failure_reason`) for the others,
     `intermediate` the (step, train MLM loss) curve, `metrics` every number the trial reported
     (user attribute `metrics`). Telling a finished trial is a no-op, so a driver may safely retry

@@ -15,14 +15,14 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from search import attrs
-from search.export import ranked_trials
-from search.searcher import TrialOutcome
-from search.spec import StudyPlan
-from search.states import COMPLETE, FAILED, PRUNED, REPEAT
-from search.stopped import study_rung_ranking
-from search.tracking import StudyTracker
-from search.warm_start import search_verdict
+from search.analysis.ranking import ranked_trials
+from search.base import attrs
+from search.base.states import COMPLETE, FAILED, PRUNED, REPEAT
+from search.study.searcher import TrialOutcome
+from search.study.spec import StudyPlan
+from search.study.stopped import study_rung_ranking
+from search.study.warm_start import search_verdict
+from search.tracking.tracker import StudyTracker
 from space.arch import ArchConfig
 from trainer.console import duration, eta, floor_gap, is_terminal
 from trainer.regimes import regime_of
@@ -182,7 +182,7 @@ class StudyView:
         print(f"{references_text(self.plan)}: a trial that ends no lower than the first learned nothing beyond "
               "frequencies and copying the unchanged tokens")
         counts = ", ".join(f"{number} {state}" for state, number in self.counts.items() if number)
-        print(f"this session: {counts or 'no trials'}; study store {self.plan.storage}")  # next: search.next_steps
+        print(f"this session: {counts or 'no trials'}; study store {self.plan.storage}")  # next: search.study.next_steps
 
 
 def first_draw_mark(source) -> str:

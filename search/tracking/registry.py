@@ -19,8 +19,8 @@ from pathlib import Path
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
-from search import tags as tag
-from search.tracking import StudyTracker
+from search.base import tags as tag
+from search.tracking.tracker import StudyTracker
 from space.errors import CramnasError
 from trainer.export_hf import log_to_mlflow
 

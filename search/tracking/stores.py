@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
-from search.retry import Retry, TrackingError, first_line
+from search.tracking.retry import Retry, TrackingError, first_line
 from space.errors import UsageError
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"

@@ -1,7 +1,7 @@
 """What a trial stopped early tells the controller, and how well a report ranks the end.
 
 Optuna's GPSampler and CMA-ES fit their model on COMPLETE trials only, and evolution breeds from
-them: a trial that ASHA stopped (`search.ray_executor.early_stopping`, `search.run --early-stop`) would
+them: a trial that ASHA stopped (`search.study.ray_executor.early_stopping`, `search.run --early-stop`) would
 tell them nothing, so a study with early stopping models the few trials that ran to the end (5 to 7
 of 32 in the study of issue 38, mostly its first draw). `SeesStoppedTrials` wraps such a sampler:
 when it models, every stopped trial is shown to it as finished, with the final value that the
@@ -28,7 +28,7 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from search import attrs
+from search.base import attrs
 
 # Fewer complete trials with a loss at a report than this, and a line through them means nothing:
 # a trial stopped at that report stays unseen until there are more.
@@ -36,7 +36,7 @@ MIN_PAIRS = 3
 
 
 def curve_of(trial: FrozenTrial) -> dict[int, float]:
-    """A trial's progress curve, {report index: train loss} (`search.controllers.tell`)."""
+    """A trial's progress curve, {report index: train loss} (`search.study.controllers.tell`)."""
     return {int(step): float(loss) for step, loss in trial.user_attrs.get(attrs.INTERMEDIATE, [])}
 
 
@@ -174,7 +174,7 @@ def rung_ranking(curves: Sequence[dict[int, float]], finals: Sequence[float], re
 
 
 def _spearman(pairs: Sequence[tuple[float, float]]) -> float:
-    from scipy.stats import spearmanr  # here: search.controllers imports this module at CLI start
+    from scipy.stats import spearmanr  # here: search.study.controllers imports this module at CLI start
 
     xs, ys = zip(*pairs, strict=True)
     if len(set(xs)) < 2 or len(set(ys)) < 2:

@@ -32,22 +32,26 @@ import re
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from search.states import FAILED
-from search.stats import mean_interval, plus_minus
+from search.analysis.stats import mean_interval, plus_minus
+from search.base.states import FAILED
 from space.errors import UsageError
 from trainer.budget import Budget, BudgetError
 from trainer.console import count
 from trainer.regimes import regime_of
 
-if TYPE_CHECKING:  # search.confirm imports this module: its types only for the annotations
+if TYPE_CHECKING:  # only for the annotations
     import argparse
 
-    from search.confirm import Candidate, ConfirmPlan, SeedOutcome
-    from search.objectives import Objective
+    from mlflow.entities import Run
+
+    from search.base.objectives import Objective
+    from search.study.spec import Probe
+    from search.tracking.tracker import StudyTracker
+    from trainer.data import PretrainData
 
 DEFAULT_ETA = 3
 # search.confirm's --top and --seeds by default, so also what `search.run --estimate --ladder` prices.
@@ -165,6 +169,91 @@ def target_rungs(target: Budget, trial_budget: Budget) -> list[Budget]:
 
 
 # ---- the climb ----------------------------------------------------------------------------------
+
+# What the ladder climbs with: search.confirm builds the plan and its candidates, trains each (candidate,
+# seed) into a SeedOutcome, and the ladder promotes by them.
+
+
+@dataclass
+class Candidate:
+    """One configuration to train with each seed: a trial to confirm (its rank in the study, its
+    run and score), or a hand-designed `baseline` (its config name; no rank, trial, run or score)."""
+
+    rank: int | None
+    trial: int | None
+    run_id: str | None
+    score: float | None
+    arch: dict[str, Any]
+    train: dict[str, Any]
+    fingerprint: str | None
+    data_fingerprint: str | None
+    baseline: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"baseline {self.baseline}" if self.baseline is not None else f"trial {self.trial}"
+
+    def find_run(self, tracker: StudyTracker, seed: int, budget: str) -> Run | None:
+        if self.baseline is not None:
+            return tracker.find_baseline_run(self.baseline, seed, budget)
+        return tracker.find_confirmation_run(self.run_id, seed, budget)
+
+    def open_run(self, tracker: StudyTracker, seed: int, index: int, train: dict[str, Any], budget: str) -> str:
+        if self.baseline is not None:
+            return tracker.open_baseline_run(self.baseline, seed, index, self.arch, train, budget, self.fingerprint)
+        return tracker.open_confirmation_run(self.run_id, self.trial, seed, index, self.arch, train, budget,
+                                             self.fingerprint)
+
+    def describe(self) -> str:
+        """Its architecture in a few words (`ArchConfig.describe`)."""
+        from space.arch import ArchConfig, ArchError
+
+        try:  # defaults first: an arch read back from params may leave a field out
+            return ArchConfig.from_dict({**ArchConfig().to_dict(), **self.arch}).describe()
+        except ArchError as error:  # a trial of an impossible architecture (it failed, as its confirmations do)
+            return f"invalid: {error}"
+
+    @property
+    def data_shape(self) -> tuple[int, int]:
+        from space.arch import ArchConfig
+
+        return (int(self.arch.get("vocab_size", ArchConfig.vocab_size)),
+                int(self.arch.get("max_seq_len", ArchConfig.max_seq_len)))
+
+
+@dataclass
+class ConfirmPlan:
+    study: str
+    tracker: StudyTracker
+    objective: Objective  # the study's: candidates are ranked and confirmed by its rank_metric
+    budget: Budget
+    seeds: list[int]
+    candidates: list[Candidate]
+    baselines: list[Candidate]
+    probe: Probe | None  # the study's probe, without the seed (each run's own); None: no probe
+    data: dict[tuple[int, int], PretrainData] = field(default_factory=dict)  # (vocab, seq) -> data
+    retry_failed: bool = False
+    ladder: Ladder | None = None  # --ladder or --target: `budget` is then its top rung's, for the data
+    rung: int | None = None  # the ladder's rung being trained (search.analysis.ladder.climb), tagged on its runs
+
+    @property
+    def configurations(self) -> list[Candidate]:
+        return [*self.candidates, *self.baselines]
+
+
+@dataclass
+class SeedOutcome:
+    """How one (candidate or baseline, seed) run ended."""
+
+    candidate: Candidate
+    seed: int
+    run_id: str
+    state: str  # search.base.states: complete or failed
+    score: float | None
+    reason: str | None = None
+    earlier: bool = False  # a finished run of an earlier invocation, kept as it was
+    metrics: dict[str, float] = field(default_factory=dict)  # a complete run's final metrics
+
 
 @dataclass
 class Standing:

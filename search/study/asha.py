@@ -1,6 +1,6 @@
 """Asynchronous successive halving over a trial's progress reports, without Ray: the early stopping
 of `search.run --executor local`, deciding exactly as Ray Tune's `ASHAScheduler` with one bracket
-decides for the Ray executor (`search.ray_executor.early_stopping`; tests/test_local_executor.py
+decides for the Ray executor (`search.study.ray_executor.early_stopping`; tests/test_local_executor.py
 feeds both the same reports).
 
 The rungs are `grace_reports` x `reduction_factor`^k reports, below `max_reports` (the milestones

@@ -3,9 +3,9 @@
 A study's cost is its trials' device time. Every trial pays its start-up (worker, data, model,
 final validation) and, when it compiles, its compile; then it trains its budget, or until ASHA
 stops it; the trials that finish are probed on GLUE. Early stopping is priced as the study applies
-it (`search.study.early_stop_for_session`): off unless asked for, and off for a session of fewer
+it (`search.study.driver.early_stop_for_session`): off unless asked for, and off for a session of fewer
 trials than its `min_trials`. ASHA's rungs are Ray's (`asha_rungs`) over the progress reports, as
-`search.ray_executor.early_stopping` sets them: at each rung a trial goes on only if it is in the best
+`search.study.ray_executor.early_stopping` sets them: at each rung a trial goes on only if it is in the best
 1/reduction_factor of the trials that reached it, so a share 1/rf^k of the trials trains past rung
 k (asynchronous ASHA promotes a little more than that while few trials have reported: the estimate
 is of the study's steady state). The trials at once are what this machine fits, and never more
@@ -150,7 +150,7 @@ class Estimate:
     per_trial: float  # each trial's GPUs (or CPUs)
     kind: str  # GPU or CPU
     probed: float
-    ladder: str = ""  # the promotion ladder after the study (search.ladder), in words; "" for none
+    ladder: str = ""  # the promotion ladder after the study (search.analysis.ladder), in words; "" for none
     ladder_hours: float = 0.0  # its device-hours, one run at a time
     assumed: str = ""  # what it priced, in words (`study_estimate`); "" for none
 
@@ -179,7 +179,7 @@ class Estimate:
 
 def ladder_hours(ladder, candidates: int, baselines: int, seeds: int, costs: Costs, name: str, probe_s: float,
                  devices_per_run: float) -> float:
-    """Device-hours of a promotion ladder (`search.ladder.Ladder`): at each rung, its climbers and
+    """Device-hours of a promotion ladder (`search.analysis.ladder.Ladder`): at each rung, its climbers and
     the baselines, each with every seed, pay a run's start-up, the rung's training and the probe."""
     runs = [(climbers + baselines) * seeds for climbers in ladder.climbers(candidates)]
     seconds = sum(n * (costs.startup_s + costs.train_seconds(rung, name) + probe_s) for n, rung in zip(runs, ladder.rungs))
@@ -204,14 +204,14 @@ def estimate(trials: int, budget: Budget, costs: Costs, *, compile_model: bool, 
              resources: dict[str, float], concurrent: int, name: str) -> Estimate:
     """The study's device-hours: `trials` x the mean trial's seconds x each trial's devices.
     `early_stop`: the session's ASHA settings (grace_reports, reduction_factor), None without ASHA
-    (`search.study.early_stop_for_session`); `probe_tasks`: 0 without the probe; `concurrent`:
-    trials that fit at once (search.resources.concurrency), of which at most `trials` run."""
+    (`search.study.driver.early_stop_for_session`); `probe_tasks`: 0 without the probe; `concurrent`:
+    trials that fit at once (search.study.resources.concurrency), of which at most `trials` run."""
     reports = progress_reports(report_every)
     if early_stop:
         from trainer.loop import max_progress_reports
 
         factor = early_stop["reduction_factor"]
-        # max_t as search.ray_executor.early_stopping gives ASHA: its rungs fall among the progress reports,
+        # max_t as search.study.ray_executor.early_stopping gives ASHA: its rungs fall among the progress reports,
         # so the trials that reach the end all finish and are probed.
         rungs = asha_rungs(early_stop["grace_reports"], factor, max_progress_reports(report_every) + 0.5)
         trained, finishing = asha_shares(rungs, reports, factor)
@@ -250,9 +250,8 @@ def study_estimate(checked, trials: int, max_concurrent: int | None, controller:
     import sys
 
     import glue
-    from search.resources import local_gpus
-    from search.resources import concurrency
-    from search.study import early_stop_for_session
+    from search.study.driver import early_stop_for_session
+    from search.study.resources import concurrency, local_gpus
 
     name = checked.profile_path.name
     resources = checked.resources
@@ -285,7 +284,7 @@ def study_estimate(checked, trials: int, max_concurrent: int | None, controller:
     study = dataclasses.replace(study, assumed="; ".join(assumed))
     if checked.ladder is None:
         return study
-    from search.ladder import LADDER_SEEDS, LADDER_TOP
+    from search.analysis.ladder import LADDER_SEEDS, LADDER_TOP
 
     baselines = len(checked.profile.get("warm_start", []))  # the hand designs go up every rung beside them
     per_run = resources["gpu"] if study.kind == "GPU" else resources["cpu"]

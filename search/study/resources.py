@@ -1,6 +1,6 @@
 """What a trial may use on this machine or node: its GPUs, how many CPUs a trial gets when the
 profile says `cpus_per_trial: auto`, and how many trials run at once. Read by search.run (local
-checks), the executors (a cluster's node; this machine) and search.estimate."""
+checks), the executors (a cluster's node; this machine) and search.study.estimate."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Reading finished studies: run frames, statistics, ranking and the promotion ladder."""

@@ -1,9 +1,0 @@
-"""Where the repository keeps what a study reads: device profiles, run configs and search spaces.
-A module of its own so that every reader (search.run, search.warm_start, search.confirm) imports
-the paths without importing the others."""
-
-from pathlib import Path
-
-PROFILES = Path(__file__).parent / "profiles"
-CONFIGS = Path(__file__).resolve().parents[1] / "trainer" / "configs"
-SPACES = Path(__file__).resolve().parents[1] / "space" / "spaces"

@@ -1,0 +1,1 @@
+"""MLflow tracking of a study: the tracker, its stores and retries, parameters, the model registry."""
