@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -48,6 +49,9 @@ def worker(pipe: Connection, placement: Placement) -> None:
 
     from search.study.trial import execute_trial
 
+    # Ctrl-C reaches the whole process group: the driver alone answers it, ending its workers and
+    # leaving their trials RUNNING for --resume, as with Ray; a worker would only print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if placement.cpus:
         torch.set_num_threads(max(1, int(placement.cpus)))
     if placement.gpu_ids:
