@@ -167,10 +167,18 @@ def test_no_import_cycle_inside_a_package():
     assert [" -> ".join([*cycle, cycle[0]]) for cycle in cycles(_sources())] == []
 
 
+def _use_tree(root: Path, monkeypatch, files: dict[str, str]) -> None:
+    """Write `files` (path -> text) under `root` and point the checks at it."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    monkeypatch.setattr(f"{__name__}.ROOT", root)
+
+
 def test_the_checks_see_function_level_imports_and_cycles(tmp_path, monkeypatch):
     """The checks themselves, on a tiny tree: a lazy upward import, a two-module cycle and one
     closed by a function-level import are found; a TYPE_CHECKING import closes none."""
-    for name, text in {
+    _use_tree(tmp_path, monkeypatch, {
         "space/__init__.py": "",
         "space/a.py": "def f():\n    import trainer.x\n",
         "trainer/__init__.py": "",
@@ -180,10 +188,7 @@ def test_the_checks_see_function_level_imports_and_cycles(tmp_path, monkeypatch)
         "trainer/w.py": "from trainer import z\n",
         "trainer/v.py": "from trainer import w\ndef g():\n    from trainer import v2\n",
         "trainer/v2.py": "import trainer.v\n",
-    }.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    })
     sources = _sources()
     assert upward_imports(sources) == ["space.a:2 imports trainer.x (trainer is above space)"]
     assert sorted(sorted(cycle) for cycle in cycles(sources)) == [["trainer.v", "trainer.v2"], ["trainer.x", "trainer.y"]]
@@ -193,7 +198,7 @@ def test_the_search_layer_check_sees_function_level_imports(tmp_path, monkeypatc
     """The search layer check on a tiny tree: a command importing down and a TYPE_CHECKING import
     up pass; a function-level import up (base -> tracking) and an import of a command from the study
     layer are found."""
-    for name, text in {
+    _use_tree(tmp_path, monkeypatch, {
         "search/__init__.py": "",
         "search/run.py": "from search.study import driver\n",
         "search/base/__init__.py": "",
@@ -204,10 +209,7 @@ def test_the_search_layer_check_sees_function_level_imports(tmp_path, monkeypatc
                                        "if TYPE_CHECKING:\n    from search.study import driver\n"),
         "search/study/__init__.py": "",
         "search/study/driver.py": "from search.tracking.tracker import StudyTracker\ndef g():\n    import search.run\n",
-    }.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    })
     assert upward_search_imports(_sources()) == [
         "search.base.attrs:2 imports search.tracking.tracker (search.tracking is above search.base)",
         "search.study.driver:3 imports search.run (search is above search.study)",
