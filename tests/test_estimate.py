@@ -241,7 +241,7 @@ def test_early_stopping_is_priced_only_where_the_session_applies_it(monkeypatch)
     # From min_trials on, ASHA stops trials: fewer hours, and only the trials that finish are probed.
     asked, without = cpu_study(monkeypatch, enough, "--early-stop"), cpu_study(monkeypatch, enough, "--no-early-stop")
     assert asked.device_hours < 0.8 * without.device_hours and asked.probed < without.probed == enough
-    assert "early stopping on (ASHA: rungs from progress report 4, each keeping 1/2)" in asked.assumed
+    assert "early stopping on (ASHA: rungs from progress report 2, each keeping 1/2)" in asked.assumed
     # Off by default (the profile's early_stop.by_default), and the line says so.
     assert cpu_study(monkeypatch, enough).device_hours == pytest.approx(without.device_hours)
     assert "early stopping off (the profile's default; --early-stop turns it on)" in cpu_study(monkeypatch, enough).assumed
