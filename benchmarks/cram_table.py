@@ -35,8 +35,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fidelity import cram_job, profile_setup, worker_died  # noqa: E402
+from fidelity import profile_setup  # noqa: E402
 
+from search.analysis.crams import cram_job, worker_died  # noqa: E402
 from search.run import SPACES  # noqa: E402
 from search.study.warm_start import hand_designs  # noqa: E402
 from space.arch import FIELD_TYPES, ArchConfig  # noqa: E402

@@ -29,12 +29,11 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from search.analysis.crams import UNIT, cram_job, worker_died
 from search.run import CONFIGS, PROFILES, SPACES, load_profile
 from space.search_space import load_space
 from trainer.budget import Budget
 from trainer.config import TrainConfig, load_run_config
-
-UNIT = {"seconds": "s", "tokens": "tokens", "flops": "flops", "refs": "refs"}  # Budget.kind -> the unit Budget.parse reads
 
 
 def profile_setup(name: str) -> tuple[dict, TrainConfig, object]:
@@ -54,34 +53,6 @@ def draw_architectures(profile: dict, count: int, seed: int) -> list[tuple[str, 
         arch = space.sample_random(rng)
         drawn.setdefault(arch.fingerprint(), arch.to_dict())
     return list(drawn.items())
-
-
-def cram_job(job: dict) -> dict:
-    """One cram in a worker process; returns what the analysis needs."""
-    import torch
-
-    from space.arch import ArchConfig
-    from trainer.corpus import CorpusSource
-    from trainer.cram import cram
-    from trainer.data import prepare_data
-
-    torch.set_num_threads(job["threads"])
-    arch, train = ArchConfig.from_dict(job["arch"]), TrainConfig.from_dict(job["train"])
-    data = prepare_data(CorpusSource.from_args(data_dir=job["data"]), vocab_size=arch.vocab_size,
-                        seq_len=arch.max_seq_len, cache_dir=job["cache_dir"])
-    reports: list[float] = []
-    result = cram(arch, train, data, Budget.parse(job["budget"]), on_progress=lambda p: reports.append(p.train_loss))
-    # Everything of the CramResult but its curves (benchmarks/accounting.py reads the references too).
-    kept = {key: value for key, value in result.to_dict().items() if not key.endswith("curve")}
-    return {**kept, **{key: job[key] for key in ("key", "name", "budget")}, "reports": reports}
-
-
-def worker_died(kept: int, total: int, path) -> SystemExit:
-    """What a pool of `cram_job`s ends with when a worker is killed (out of memory, a signal): the
-    pool then fails every cram left with BrokenProcessPool, which is no fault of theirs, so they
-    are neither kept nor recorded as failed; the same command crams them."""
-    return SystemExit(f"error: a cram's worker process died; {kept} of {total} crams finished and are kept in {path}; "
-                      "run the same command again to go on")
 
 
 def correlation(x: list[float], y: list[float], kind: str, resamples: int = 5000) -> tuple[float, float, float]:

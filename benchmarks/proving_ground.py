@@ -51,6 +51,7 @@ import pandas as pd
 from accounting import LADDER
 from fidelity import correlation
 
+from search.analysis.crams import UNIT
 from search.analysis.stats import interval, paired
 from search.base import tags as tag
 from search.run import CONFIGS, PROFILES, load_profile
@@ -61,7 +62,6 @@ from trainer.budget import Budget
 from trainer.config import load_run_config
 from trainer.regimes import regime_of
 
-UNIT = {"seconds": "s", "tokens": "tokens", "flops": "flops", "refs": "refs"}  # Budget.kind -> the unit Budget.parse reads
 COLUMNS = {"validation_loss": "validation loss", "nats_below_floor": "nats below corruption floor",
            "probe_average": "probe average"}
 BASELINES = "crammed-bert-cpu,bert-original-cpu,neobert-cpu,modernbert-cpu,sized-cpu"

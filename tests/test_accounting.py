@@ -14,6 +14,7 @@ import optuna
 import pandas as pd
 import pytest
 
+from search.analysis import crams as cram_store
 from space.arch import ArchConfig
 from space.errors import UsageError
 from trainer.budget import Budget
@@ -58,7 +59,7 @@ def test_the_proving_ground_reads_the_transfer_of_ranks_from_trial_to_confirmati
 
 
 def cram_row(name: str, multiple: float, seed: int, loss: float, tokens: int = 1000) -> dict:
-    """A line of crams.jsonl as fidelity.cram_job writes it, with what the accounting reads."""
+    """A line of crams.jsonl as search.analysis.crams.cram_job writes it, with what the accounting reads."""
     return {"key": f"{name}|{multiple:g}x|{seed}", "name": name, "validation_loss": loss, "seconds": 10.0 * multiple,
             "tokens": tokens, "flops_per_token": 1e6, "corruption_floor": 6.0, "context_reference": 3.0,
             "unigram_floor": 7.0, "params": 100_000, "regime": "neighbours"}
@@ -71,7 +72,7 @@ def test_payback_under_a_refs_budget_counts_the_flops_the_winners_crams_spent(tm
     rows += [cram_row("winner", 4, 0, 3.9)]
     rows += [cram_row("sized-cpu", m, seed, loss) for m, loss in ((1, 5.0), (2, 4.5), (4, 4.0)) for seed in (0, 1, 2)]
     (tmp_path / "crams.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    crams = accounting.Crams(tmp_path, "data", None, Budget.parse("60refs"), jobs=1)
+    crams = cram_store.Crams(tmp_path, "data", None, Budget.parse("60refs"), jobs=1)
     assert crams.flops("winner", 1) == [990e6, 1000e6, 1010e6]
     search = {"flops": 1e10, "device_seconds": 3600.0, "trials": 10}
     text = "\n".join(accounting.ladder_tables(crams, ["sized-cpu"], crams.budget, search, (1, 2, 4)))
@@ -99,8 +100,8 @@ def test_crams_refuse_a_kept_cram_of_another_architecture_before_cramming_anythi
     (tmp_path / "crams.jsonl").write_text(json.dumps(kept) + "\n")
     crammed = []
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", InlinePool)
-    monkeypatch.setattr(accounting, "cram_job", lambda job: crammed.append(job["key"]) or cram_row("winner", 1, 1, 4.5))
-    crams = accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=1)
+    monkeypatch.setattr(cram_store, "cram_job", lambda job: crammed.append(job["key"]) or cram_row("winner", 1, 1, 4.5))
+    crams = cram_store.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=1)
     other = [("winner", small_arch(64), {}, 1, seed) for seed in (0, 1)]
     with pytest.raises(UsageError, match=r"keeps winner\|1x\|0 of another architecture than this call's winner; "
                                          r"pass another --out"):
@@ -117,12 +118,12 @@ def test_a_dead_worker_ends_the_run_in_one_line_and_keeps_what_finished(tmp_path
         return cram_row("winner", 1, 0, 4.4)
 
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", InlinePool)
-    monkeypatch.setattr(accounting, "cram_job", cram_job)
-    crams = accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=2)
+    monkeypatch.setattr(cram_store, "cram_job", cram_job)
+    crams = cram_store.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=2)
     with pytest.raises(SystemExit, match="worker process died; 1 of 2 crams finished and are kept in .*crams.jsonl; "
                                          "run the same command again to go on"):
         crams.run([("winner", small_arch(32), {}, 1, seed) for seed in (0, 1)])
-    again = accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=2)
+    again = cram_store.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=2)
     assert list(again.done) == ["winner|1x|0"]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from search.analysis import crams as cram_store
 from space.arch import ArchConfig
 from trainer.budget import Budget
 from trainer.config import load_run_config
@@ -30,7 +31,7 @@ CONTEXT = 3.0  # the made-up two-neighbour count model
 
 
 def cram_row(name: str, multiple: float, seed: int, loss: float) -> dict:
-    """A line of crams.jsonl as fidelity.cram_job writes it, with what the transfer reads."""
+    """A line of crams.jsonl as search.analysis.crams.cram_job writes it, with what the transfer reads."""
     return {"key": f"{name}|{multiple:g}x|{seed}", "name": name, "validation_loss": loss, "seconds": 1.0,
             "tokens": 1000, "flops_per_token": 1e6, "corruption_floor": 5.8, "context_reference": CONTEXT,
             "unigram_floor": 6.4, "regime": "neighbours", "epochs": 0.3 * multiple * (1 + seed)}
@@ -45,7 +46,7 @@ def made_up(tmp_path: Path, curves: dict[str, dict[float, list[float]]], kinds: 
     kinds = kinds or {}
     configs = [transfer.Configuration.fixed(name, kinds.get(name, "candidate"), ARCH, {}, MULTIPLES)
                for name in curves]
-    crams = accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=1)
+    crams = cram_store.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=1)
     return configs, transfer.cells(crams, configs, SEEDS_AT)
 
 
@@ -203,15 +204,15 @@ def test_a_second_call_crams_nothing_that_is_done(tmp_path, monkeypatch):
         return cram_row(name, float(multiple[:-1]), int(seed), 5.0 - 0.1 * float(multiple[:-1]) ** 0.5)
 
     configs = [transfer.Configuration.fixed(name, "candidate", ARCH, {}, MULTIPLES) for name in ("trial 1", "trial 2")]
-    monkeypatch.setattr(accounting, "cram_job", fake_cram)
-    accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), 1).run(transfer.wanted(configs, SEEDS_AT))
+    monkeypatch.setattr(cram_store, "cram_job", fake_cram)
+    cram_store.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), 1).run(transfer.wanted(configs, SEEDS_AT))
     assert len(called) == 2 * 10 and len((tmp_path / "crams.jsonl").read_text().splitlines()) == 20
 
     def fail(job: dict) -> dict:
         raise AssertionError(f"crammed {job['key']} again")
 
-    monkeypatch.setattr(accounting, "cram_job", fail)
-    crams = accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), 1)
+    monkeypatch.setattr(cram_store, "cram_job", fail)
+    crams = cram_store.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), 1)
     crams.run(transfer.wanted(configs, SEEDS_AT))  # everything done: nothing crammed
     table = transfer.cells(crams, configs, SEEDS_AT)
     assert {m: len(cell.by_seed) for m, cell in table["trial 1"].items()} == SEEDS_AT
@@ -219,7 +220,7 @@ def test_a_second_call_crams_nothing_that_is_done(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match=r"crammed trial \d\|30x\|1 again"):
         crams.run(more)
     configs[0].seeds = {30.0: 2}  # --seeds-at "trial 1:30x=2": a second seed there alone
-    monkeypatch.setattr(accounting, "cram_job", fake_cram)
+    monkeypatch.setattr(cram_store, "cram_job", fake_cram)
     called.clear()
     crams.run(transfer.wanted(configs, SEEDS_AT))
     assert called == ["trial 1|30x|1"]
@@ -306,7 +307,7 @@ def test_report_only_writes_the_tables_from_the_crams_so_far_and_crams_nothing(t
     out.mkdir()
     (out / "crams.jsonl").write_text(json.dumps(cram_row("trial 1", 1.0, 0, 4.9)) + "\n")
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", InlinePool)
-    monkeypatch.setattr(accounting, "cram_job", lambda job: pytest.fail(f"crammed {job['key']}"))
+    monkeypatch.setattr(cram_store, "cram_job", lambda job: pytest.fail(f"crammed {job['key']}"))
     assert transfer.main(["--data", str(tmp_path), "--study", "s", "--storage", storage, "--top", "2",
                           "--baselines", "sized-cpu", "--out", str(out), "--report-only"]) == 0
     text = (out / "transfer.md").read_text()
@@ -335,7 +336,7 @@ def test_run_configs_are_candidates_named_by_their_files_with_their_own_training
     kept = {**cram_row("winner-a", 1.0, 0, 4.9), "arch_fingerprint": load_run_config(a).arch.fingerprint()}
     (out / "crams.jsonl").write_text(json.dumps(kept) + "\n")
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", InlinePool)
-    monkeypatch.setattr(accounting, "cram_job", lambda job: pytest.fail(f"crammed {job['key']}"))
+    monkeypatch.setattr(cram_store, "cram_job", lambda job: pytest.fail(f"crammed {job['key']}"))
     flags = ["--data", str(tmp_path), "--configs", f"{a},{b}", "--baselines", "sized-cpu", "--out", str(out)]
     assert transfer.main(flags + ["--report-only"]) == 0
     text = (out / "transfer.md").read_text()
@@ -386,7 +387,7 @@ def test_the_replayed_ladder_pick_is_reported_against_the_1x_winner(tmp_path, mo
             for m, losses in curve.items() for seed, loss in enumerate(losses)]
     (out / "crams.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", InlinePool)
-    monkeypatch.setattr(accounting, "cram_job", lambda job: pytest.fail(f"crammed {job['key']}"))
+    monkeypatch.setattr(cram_store, "cram_job", lambda job: pytest.fail(f"crammed {job['key']}"))
     assert transfer.main(["--data", str(tmp_path), "--configs", ",".join(paths), "--baselines", "",
                           "--out", str(out), "--ladder", "3,10,30", "--report-only"]) == 0
     text = (out / "transfer.md").read_text()
@@ -394,7 +395,7 @@ def test_the_replayed_ladder_pick_is_reported_against_the_1x_winner(tmp_path, mo
     assert "- against the 1x winner, wa (3.700 at 30x): pick - wa -0.700" in text
     assert "note: the ladder's pick: replayed over rungs 3x, 10x, 30x, eta 3" in text
     table = {"wa": {1.0: transfer.Cell({0: 3.0}, 5.8, CONTEXT, "1x32")}, "wb": transfer.cells(
-        accounting.Crams(out, "data", None, Budget.parse("2e12flops"), 1),
+        cram_store.Crams(out, "data", None, Budget.parse("2e12flops"), 1),
         [transfer.Configuration.fixed("wb", "candidate", ARCH, {}, MULTIPLES)], SEEDS_AT)["wb"]}
     lines = transfer.ladder_pick_lines(table, "wb", ["wa", "wb"], [], [], MULTIPLES)  # the 1x winner never got to 30x
     assert "- against the 1x winner, wa: no 30x cram" in lines
@@ -430,7 +431,7 @@ def test_one_design_at_three_sizes_gets_a_size_fit_with_each_budget_held_out(tmp
     assert list(transfer.size_families(configs, MULTIPLES)) == ["d-1x32"]  # "other" is another design
     assert transfer.size_families(configs[:2] + configs[4:], MULTIPLES) == {}  # two sizes fit nothing
 
-    crams = accounting.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=1)
+    crams = cram_store.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=1)
     seeds_at = dict.fromkeys(MULTIPLES, 1)
     table = transfer.cells(crams, configs, seeds_at)
     fits = transfer.size_fits(configs, table, Budget.parse("2e12flops"), MULTIPLES)
