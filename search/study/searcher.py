@@ -95,6 +95,12 @@ class CramnasSearcher:
     def on_trial_complete(self, trial_id: str, result: dict | None = None, died: str | None = None) -> None:
         """The trial ended: with its final report in `result`, stopped early after its last progress
         report (no final one), or its worker process gone (`died`: why, in the executor's words)."""
+        ended_on = from_tune(result)
+        if isinstance(ended_on, ProgressReport) and trial_id in self.live and ended_on != self.live[trial_id].last:
+            # Ray Tune hands its search algorithm no report on which its scheduler stops the trial, only
+            # this call: counted here, the curve and the MLflow series end where the trial stopped, as
+            # with the local executor, which passes every report.
+            self.on_trial_result(trial_id, result)
         trial = self.live.pop(trial_id, None)
         if trial is None:
             return
