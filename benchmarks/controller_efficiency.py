@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,15 +44,13 @@ from pathlib import Path
 
 import numpy as np
 import optuna
+import surrogate as surrogates  # benchmarks/surrogate.py: run as a script, this file's folder is on sys.path
 from threadpoolctl import threadpool_limits
 
-sys.path.insert(0, str(Path(__file__).parent))
-import surrogate as surrogates  # noqa: E402
-
-from search.study.controllers import CONTROLLERS, ask, open_study, tell  # noqa: E402
-from search.study.warm_start import hand_designs  # noqa: E402
-from space import ArchConfig, SearchSpace  # noqa: E402
-from trainer.console import CliParser  # noqa: E402
+from search.study.controllers import CONTROLLERS, ask, open_study, tell
+from search.study.warm_start import hand_designs
+from space import ArchConfig, SearchSpace
+from trainer.console import CliParser
 
 VARIANTS = ("plain", "warm", "cover", "warm+cover")
 READS = (32, 64)  # and --trials

@@ -19,35 +19,28 @@ What is crammed, in this order, with the profile's trial settings and the same d
 - with `--study`, every COMPLETE trial of that study whose architecture is a member, seed 0.
 
 Every finished cram is one line appended to `--out` (default `benchmarks/cram_table.csv`), so the
-command stops and resumes at any point; a failed cram is a row with its reason and no loss.
+command stops and resumes at any point (`search.analysis.cram_table.table_store`: a row is found
+again by its source, seed and budget); a cram that diverged or ran out of memory is a row with its
+reason and no loss.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import csv
-import multiprocessing
-import os
 import random
-import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fidelity import profile_setup  # noqa: E402
+from fidelity import profile_setup
 
-from search.analysis.crams import cram_job, worker_died  # noqa: E402
-from search.run import SPACES  # noqa: E402
-from search.study.warm_start import hand_designs  # noqa: E402
-from space.arch import FIELD_TYPES, ArchConfig  # noqa: E402
-from space.design import covering_design  # noqa: E402
-from space.search_space import load_space  # noqa: E402
+from search.analysis.cram_table import table_store
+from search.analysis.crams import Cram, cram_job, worker_job
+from search.run import SPACES
+from search.study.warm_start import hand_designs
+from space.arch import ArchConfig
+from space.design import covering_design
+from space.search_space import load_space
 
 DEFAULT_OUT = Path(__file__).parent / "cram_table.csv"
-RESULT_COLUMNS = ("validation_loss", "regime", "nats_below_floor", "corruption_floor", "context_reference",
-                  "tokens", "params", "seconds")
-COLUMNS = ("key", "source", "seed", "budget", *FIELD_TYPES, *RESULT_COLUMNS, "error")
 
 
 # The winner of the accounting's TPE study (pg-tpe trial 26, 1x64/2h geglu pre-norm alibi): sized-cpu
@@ -67,9 +60,9 @@ def recorded_trials(profile: str) -> list[tuple[str, ArchConfig]]:
                                                for field in RECORDED_WINNER]
 
 
-def planned_rows(space, budget: str, rows: int, repeats: int, study_archs: list[tuple[str, ArchConfig]],
-                 profile: str) -> list[dict]:
-    """Every cram of the table, in the order it runs."""
+def planned(space, rows: int, repeats: int, study_archs: list[tuple[str, ArchConfig]],
+            profile: str) -> list[tuple[str, ArchConfig, int]]:
+    """Every cram of the table as (source, architecture, seed), in the order it runs."""
     plan = [(f"hand:{name}", config, seed) for seed in (0, 1, 2) for name, config in hand_designs(profile)]
     plan += [(source, config, 0) for source, config in recorded_trials(profile) if space.contains(config)]
     design = covering_design(space, random.Random(0), rows=rows)
@@ -79,9 +72,15 @@ def planned_rows(space, budget: str, rows: int, repeats: int, study_archs: list[
         plan.append((f"design:{index}", config, 0))
         if index % 10 == 9 and (again := next(repeated, None)) is not None:
             plan += [(f"design:{design.index(again)}", again, seed) for seed in (1, 2)]
-    plan += [(source, config, 0) for source, config in study_archs]
-    return [{"key": f"{config.fingerprint()}|{seed}|{budget}", "source": source, "seed": seed, "arch": config}
-            for source, config, seed in plan]
+    return plan + [(source, config, 0) for source, config in study_archs]
+
+
+def table_cram(source: str, config: ArchConfig, seed: int, train: dict, args: argparse.Namespace) -> Cram:
+    """One cram of the table: its row before the result (the table's columns) and `cram_job`'s work."""
+    key = f"{config.fingerprint()}|{seed}|{args.budget}"  # informative only: rows are found by `row_id`
+    row = {"key": key, "source": source, "seed": seed, "budget": args.budget, **config.to_dict()}
+    work = worker_job(key, config.to_dict(), {**train, "seed": seed}, args.budget, args.data, args.cache_dir, args.jobs)
+    return Cram(row, config, work, source, f"{source} seed {seed} {config.describe()}")
 
 
 def study_members(space, storage: str, name: str) -> list[tuple[str, ArchConfig]]:
@@ -96,20 +95,6 @@ def study_members(space, storage: str, name: str) -> list[tuple[str, ArchConfig]
     return [(source, config) for source, config in found if space.contains(config)]
 
 
-def row_id(row: dict) -> tuple[str, str, str]:
-    """What identifies a cram of the table: where it came from, its seed and budget. Not its `key`,
-    whose fingerprint part a change of `ArchConfig.canonical` may respell (27 one-layer rows did):
-    a resume would cram those again."""
-    return row["source"], str(row["seed"]), row.get("budget") or row["key"].rsplit("|", 1)[1]
-
-
-def read_table(path: Path) -> dict[tuple[str, str, str], dict]:
-    if not path.exists():
-        return {}
-    with path.open(newline="") as file:
-        return {row_id(row): row for row in csv.DictReader(file)}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="data directory, e.g. ../shared/data")
@@ -122,44 +107,22 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="crams at once, one thread each")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--cache-dir")
+    parser.add_argument("--dry-run", action="store_true", help="say what is planned and kept, check it, cram nothing")
     args = parser.parse_args()
 
     profile, train, _ = profile_setup(args.profile)
     space = load_space(SPACES / profile["space"])
     extra = study_members(space, args.storage, args.study) if args.study else []
-    plan = planned_rows(space, args.budget, args.rows, args.repeats, extra, args.profile)
-    done = read_table(args.out)
-    todo = [row for row in plan if row_id(row) not in done]
-    print(f"{len(plan)} crams at {args.budget}: {len(todo)} to run, {len(plan) - len(todo)} in {args.out}; "
+    crams = [table_cram(*planned_cram, train.to_dict(), args)
+             for planned_cram in planned(space, args.rows, args.repeats, extra, args.profile)]
+    store = table_store(args.out)
+    todo = store.pending(crams)
+    print(f"{len(crams)} crams at {args.budget}: {len(todo)} to run, {len(crams) - len(todo)} in {args.out}; "
           f"{args.jobs} at once", flush=True)
-    new_file = not args.out.exists()
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
-    started = time.perf_counter()
-    with args.out.open("a", newline="") as file, concurrent.futures.ProcessPoolExecutor(
-            args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        writer = csv.DictWriter(file, COLUMNS)
-        if new_file:
-            writer.writeheader()
-        futures = {pool.submit(cram_job, {"key": row["key"], "name": row["source"], "arch": row["arch"].to_dict(),
-                                          "train": {**train.to_dict(), "seed": row["seed"]}, "budget": args.budget,
-                                          "data": args.data, "cache_dir": args.cache_dir, "threads": threads}): row
-                   for row in todo}
-        for count, finished in enumerate(concurrent.futures.as_completed(futures), 1):
-            row = futures[finished]
-            line = {"key": row["key"], "source": row["source"], "seed": row["seed"], "budget": args.budget,
-                    **row["arch"].to_dict()}
-            try:
-                result = finished.result()
-                line.update({column: result.get(column) for column in RESULT_COLUMNS})
-            except concurrent.futures.process.BrokenProcessPool:  # not the cram's failure: no row, crammed again
-                raise worker_died(count - 1, len(todo), args.out) from None
-            except Exception as error:  # a failed cram is a row with its reason; the table goes on
-                line["error"] = " ".join(f"{type(error).__name__}: {error}".split())
-            writer.writerow(line)
-            file.flush()
-            elapsed = time.perf_counter() - started
-            print(f"[{count}/{len(todo)}, {elapsed / 60:.1f} min] {row['source']} seed {row['seed']} "
-                  f"{row['arch'].describe()}: {line.get('validation_loss') or line.get('error')}", flush=True)
+    if args.dry_run:
+        store.check(crams)  # a kept row under a planned row's id is that row's architecture
+        return
+    store.run(crams, cram_job, args.jobs)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """The study a user runs, measured (issue 38): the README's 32-trial command at three controller
 seeds, its winners confirmed with fresh seeds beside sized-cpu, and how well each progress report
-ranks the final loss (the measurement behind early stopping's default).
+ranks the final loss (the measurement behind early stopping's default); and the same command with
+`--early-stop` (studies early-sS), what it spent against every trial run to its end.
 
     # after  python -m search.run --trials 32 --budget 2e12flops --data ../shared/data --no-probe --seed S --study default-sS
     # and    python -m search.confirm --study default-sS --top 1 --seeds 3 --baselines sized-cpu --data ../shared/data
+    #        (and the same with --early-stop --study early-sS)
     python benchmarks/default_study.py export --study default-s0 --storage sqlite:///optuna.db --tracking-uri sqlite:///mlflow.db
     # sized-cpu at 2x and 4x with the confirmation seeds (python -m trainer.cram ... --seed 1001 --out DIR)
     python benchmarks/default_study.py export-crams --name sized-cpu-ladder --configuration sized-cpu DIR [DIR ...]
@@ -19,15 +21,14 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import statistics
 from pathlib import Path
 
-import numpy as np
-
+from search.analysis.accounting import compute_equivalent, payback
 from search.analysis.stats import interval, paired
 from search.base.paths import PROFILES
 from search.run import load_profile
+from search.study import asha
 from search.study.estimate import asha_rungs
 from search.study.stopped import rung_ranking
 from space.arch import ArchConfig
@@ -35,10 +36,11 @@ from space.arch import ArchConfig
 CRAMS = Path(__file__).resolve().parent / "crams"
 TRIAL_COLUMNS = ["study", "trial", "state", "first_draw", "repeat_of", "architecture", "validation_loss",
                  "nats_below_floor", "corruption_floor", "context_reference", "tokens", "flops_per_token", "seconds",
-                 "curve", "arch"]
+                 "curve", "arch", "budget_fraction"]
 RUN_COLUMNS = ["name", "kind", "configuration", "budget", "seed", "validation_loss", "tokens", "flops_per_token",
                "seconds"]
 BASELINE = "sized-cpu"
+TRIAL_FLOPS = 2e12  # the README's trial budget, 2e12flops
 ASHA = load_profile(PROFILES / "cpu.yaml")["early_stop"]  # the rungs `search.run --early-stop` uses
 
 
@@ -61,7 +63,9 @@ def export_study(study_name: str, storage: str, tracking_uri: str | None) -> lis
                      "architecture": ArchConfig.from_dict(arch).describe() if arch else "",
                      **{key: metrics.get(key, "") for key in TRIAL_COLUMNS[6:13]},
                      "curve": " ".join(f"{loss:.5f}" for _, loss in user.get(attrs.INTERMEDIATE, [])),
-                     "arch": json.dumps(arch, sort_keys=True) if arch else ""})
+                     "arch": json.dumps(arch, sort_keys=True) if arch else "",
+                     # how far a trial that ASHA stopped got: its share of the budget at its last report
+                     "budget_fraction": metrics.get("budget_fraction", "")})
     written = [write(CRAMS / f"{study_name}.csv", TRIAL_COLUMNS, rows)]
     if tracking_uri:
         written.append(write(CRAMS / f"{study_name}-confirm.csv", RUN_COLUMNS, confirmation_rows(study_name, tracking_uri)))
@@ -112,13 +116,26 @@ def read(path: Path) -> list[dict]:
         return list(csv.DictReader(rows))
 
 
-def studies(crams: Path = CRAMS) -> dict[str, list[dict]]:
-    return {path.stem: read(path) for path in sorted(crams.glob("default-s[0-9]*.csv")) if "-confirm" not in path.stem}
+def studies(kind: str = "default", crams: Path = CRAMS) -> dict[str, list[dict]]:
+    """The studies `<kind>-sS` (default: the README's command; early: with --early-stop), by name."""
+    return {path.stem: read(path) for path in sorted(crams.glob(f"{kind}-s[0-9]*.csv")) if "-confirm" not in path.stem}
 
 
 def trained(rows: list[dict]) -> list[dict]:
     """The trials that trained to their end (repeats copy an earlier trial's result)."""
     return [row for row in rows if row["state"] == "complete" and row["validation_loss"]]
+
+
+def stopped(rows: list[dict]) -> list[dict]:
+    """The trials that ASHA stopped (their first cram, not a repeat's copy)."""
+    return [row for row in rows if row["state"] == "pruned"]
+
+
+def spent_flops(rows: list[dict]) -> float:
+    """The training FLOPs a study spent: each trial run to its end, and each stopped trial's share
+    of its budget when stopped."""
+    return (sum(float(row["tokens"]) * float(row["flops_per_token"]) for row in trained(rows))
+            + sum(float(row["budget_fraction"]) * TRIAL_FLOPS for row in stopped(rows)))
 
 
 def curve(row: dict) -> dict[int, float]:
@@ -140,13 +157,13 @@ def rung_table(all_rows: dict[str, list[dict]]) -> str:
     ranks_off = {rank.report: rank for rank in rung_ranking([curve(row) for row in off],
                                                             [float(row["validation_loss"]) for row in off])}
     reports = max(len(curve(row)) for row in rows)
-    asha = asha_rungs(ASHA["grace_reports"], ASHA["reduction_factor"], reports + 1)
+    early_stop_rungs = asha_rungs(ASHA["grace_reports"], ASHA["reduction_factor"], reports + 1)
     lines = [f"Over {len(rows)} distinct architectures ({described(rows)}), trained to the end at 2e12 FLOPs, "
              f"{len(off)} of them off the plateau:", "",
              "| report | of the budget | Spearman with the final loss, all (95% bootstrap) | off the plateau only |",
              "|---|---|---|---|"]
     for rank in ranks:
-        mark = " (a rung of --early-stop)" if rank.report in asha else ""
+        mark = " (a rung of --early-stop)" if rank.report in early_stop_rungs else ""
         other = ranks_off.get(rank.report)
         lines.append(f"| {rank.report}{mark} | {rank.report / (reports + 1):.0%} | {rank.spearman:.2f} "
                      f"({rank.low:.2f} to {rank.high:.2f}) | "
@@ -183,32 +200,16 @@ def described(rows: list[dict]) -> str:
 
 
 def asha_replay(rows: list[dict], grace: int, factor: int) -> dict:
-    """ASHA's rule replayed on a study's trials in trial order: at each rung a trial goes on while
-    its loss there is no worse than the 1/factor quantile of the losses recorded at that rung so
-    far, itself included (ray.tune.schedulers.AsyncHyperBandScheduler). Which trials it would have
-    stopped, whether it keeps the study's best, and the FLOPs it would have spent. The controller
-    would have drawn other trials after the first stop: this judges the rule on these trials only."""
+    """ASHA's rule replayed on a study's trials in trial order (search.study.asha.replay): how many
+    it keeps, whether it keeps the study's best, and the share of the FLOPs it would have spent."""
     done = sorted(trained(rows), key=lambda row: int(row["trial"]))
-    reports = max(len(curve(row)) for row in done)
-    rungs = [rung for rung in asha_rungs(grace, factor, reports + 1) if rung <= reports]
-    recorded: dict[int, list[float]] = {rung: [] for rung in rungs}
-    kept, spent, full = [], 0.0, 0.0
-    for row in done:
-        losses, flops = curve(row), float(row["tokens"]) * float(row["flops_per_token"])
-        full += flops
-        stopped_at = None
-        for rung in rungs:
-            recorded[rung].append(losses[rung])
-            if losses[rung] > np.percentile(recorded[rung], 100 / factor):
-                stopped_at = rung
-                break
-        spent += flops * (stopped_at / (reports + 1) if stopped_at else 1.0)
-        if stopped_at is None:
-            kept.append(row)
+    replayed = asha.replay([curve(row) for row in done],
+                           [float(row["tokens"]) * float(row["flops_per_token"]) for row in done], grace, factor)
+    kept = [done[index] for index in replayed.kept]
     best = min(done, key=lambda row: float(row["validation_loss"]))
     best_kept = min(kept, key=lambda row: float(row["validation_loss"]))
     return {"trials": len(done), "kept": len(kept), "keeps_best": best in kept, "best": best, "best_kept": best_kept,
-            "flops_share": spent / full}
+            "flops_share": replayed.budget_share}
 
 
 def study_table(all_rows: dict[str, list[dict]]) -> str:
@@ -239,17 +240,11 @@ def seeds(rows: list[dict], configuration: str, budget: str) -> dict[int, float]
             if row["configuration"] == configuration and row["budget"] == budget and row["validation_loss"]}
 
 
-def equivalent_multiple(loss: float, ladder: dict[float, float]) -> str:
-    """The compute multiple at which sized-cpu's mean loss reaches `loss`, linear in log-compute
-    between the measured multiples (Primer's compute-equivalent multiple)."""
-    points = sorted(ladder.items())
-    if loss >= points[0][1]:
-        return "1x or less"
-    for (low_m, low_loss), (high_m, high_loss) in zip(points, points[1:], strict=False):
-        if high_loss <= loss <= low_loss:
-            share = (low_loss - loss) / (low_loss - high_loss)
-            return f"{math.exp(math.log(low_m) + share * (math.log(high_m) - math.log(low_m))):.1f}x"
-    return f"more than {points[-1][0]:g}x"
+def multiple_text(multiple: float | None, ladder: dict[float, float]) -> str:
+    """A compute-equivalent multiple (search.analysis.accounting.compute_equivalent) as the table shows it."""
+    if multiple is None:
+        return f"more than {max(ladder):g}x"
+    return "1x or less" if multiple <= min(ladder) else f"{multiple:.1f}x"
 
 
 def confirmation_table(all_rows: dict[str, list[dict]], budget: str = "2e12flops") -> str:
@@ -270,30 +265,69 @@ def confirmation_table(all_rows: dict[str, list[dict]], budget: str = "2e12flops
             at = seeds(ladder_rows, BASELINE, f"{multiple * 2}e12flops")
             if at:
                 ladder[float(multiple)] = statistics.mean(at.values())
-        winner_loss = statistics.mean(ours.values())
-        multiple = equivalent_multiple(winner_loss, ladder)
-        final = 2e12
+        multiples = sorted(ladder)
+        multiple = compute_equivalent(multiples, [ladder[m] for m in multiples], statistics.mean(ours.values()))
         # The search's compute, as benchmarks/accounting.py counts it: every trial it trained and the
         # winner's confirmations (a user runs both before the final cram).
-        search_flops = sum(float(row["tokens"]) * float(row["flops_per_token"])
-                           for row in [*trained(rows), *(run for run in runs if run["configuration"] == candidate)])
-        runs_k = search_flops / final
-        # K / (multiple - 1) final runs (benchmarks/accounting.py's payback); past the ladder's top, a bound.
-        top = multiple.startswith("more than")
-        factor = float(multiple.removeprefix("more than ").rstrip("x")) if multiple[0].isdigit() or top else None
-        payback = (f"{'under ' if top else ''}{runs_k / (factor - 1):.1f}" if factor and factor > 1 else "never")
+        search_flops = spent_flops(rows) + sum(float(run["tokens"]) * float(run["flops_per_token"])
+                                               for run in runs if run["configuration"] == candidate)
+        # Paid back against the multiple as the table shows it; past the ladder's top, a bound.
+        account = payback(search_flops, TRIAL_FLOPS, multiples[-1] if multiple is None else round(multiple, 1))
+        paid = ("never" if account["payback_runs"] is None
+                else f"{'under ' if multiple is None else ''}{account['payback_runs']:.1f}")
         lines.append(f"| {name} | {candidate} | {interval(ours.values()).text()} | {interval(theirs.values()).text()} "
-                     f"| {difference.text()} | {multiple} | {runs_k:.1f} | {payback} |")
+                     f"| {difference.text()} | {multiple_text(multiple, ladder)} | "
+                     f"{account['search_in_final_runs']:.1f} | {paid} |")
     ladder_text = ", ".join(f"{budget}: {interval(seeds(ladder_rows, BASELINE, budget).values()).text()}"
                             for budget in ("4e12flops", "8e12flops") if seeds(ladder_rows, BASELINE, budget))
     return "\n".join(lines) + (f"\n\n{BASELINE} up the compute axis, same seeds: {ladder_text}." if ladder_text else "")
 
 
+def early_table(all_rows: dict[str, list[dict]]) -> str:
+    """Studies run with --early-stop: what ran to the end, what ASHA stopped where, the best trial,
+    and the FLOPs spent against the same trials each run to its end."""
+    lines = ["| study | trials run to the end | stopped early (at report: trials) | best trial | its loss "
+             f"| first draw's best | controller's best | controller's trials run to the end 0.1 nats below {BASELINE} "
+             "| FLOPs | share of every trial run to its end |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def loss(row: dict | None) -> str:
+        return "-" if row is None else f"{float(row['validation_loss']):.3f}"
+
+    for name, rows in all_rows.items():
+        done, cut = trained(rows), stopped(rows)
+        best = min(done, key=lambda row: float(row["validation_loss"]))
+        first = [row for row in done if row["first_draw"]]
+        own = [row for row in done if not row["first_draw"]]
+        best_first = min(first, key=lambda row: float(row["validation_loss"]), default=None)
+        best_own = min(own, key=lambda row: float(row["validation_loss"]), default=None)
+        baseline = next(float(row["validation_loss"]) for row in done if row["first_draw"] == f"warm start {BASELINE}")
+        reports = max(len(curve(row)) for row in done) + 1  # the progress reports and the final one
+        at: dict[int, int] = {}
+        for row in cut:
+            report = round(float(row["budget_fraction"]) * reports)
+            at[report] = at.get(report, 0) + 1
+        full = sum(float(row["tokens"]) * float(row["flops_per_token"]) for row in done) + TRIAL_FLOPS * len(cut)
+        lines.append(
+            f"| {name} | {len(done)} of {len(done) + len(cut)} | {len(cut)} ("
+            + ", ".join(f"{report}: {at[report]}" for report in sorted(at)) + ") "
+            f"| {best['trial']} {best['architecture']}{' (' + best['first_draw'] + ')' if best['first_draw'] else ''} "
+            f"| {loss(best)} | {loss(best_first)}{' (' + best_first['first_draw'] + ')' if best_first else ''} "
+            f"| {loss(best_own)} | {sum(float(row['validation_loss']) < baseline - 0.1 for row in own)} of {len(own)} "
+            f"| {spent_flops(rows):.3g} | {spent_flops(rows) / full:.0%} |")
+    return "\n".join(lines)
+
+
 def report() -> str:
     all_rows = studies()
-    return "\n\n".join(["### Each study", study_table(all_rows), "### Winners confirmed", confirmation_table(all_rows),
-                        "### Rungs: how well a progress report ranks the end", rung_table(all_rows),
-                        "### ASHA replayed with other rungs", replay_table(all_rows)])
+    sections = ["### Each study", study_table(all_rows), "### Winners confirmed", confirmation_table(all_rows),
+                "### Rungs: how well a progress report ranks the end", rung_table(all_rows),
+                "### ASHA replayed with other rungs", replay_table(all_rows)]
+    early = studies("early")
+    if early:
+        sections += [f"### With --early-stop (grace {ASHA['grace_reports']}, reduction {ASHA['reduction_factor']})",
+                     early_table(early), "### Their winners confirmed", confirmation_table(early)]
+    return "\n\n".join(sections)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,26 +11,21 @@ at its first rung, report `grace_reports` of the trial's 16) against each full b
 distribution of `nats_below_unigram` at the trial budget: how far trials get beyond token
 frequencies. `--jobs` crams run side by side, each on cpus // jobs threads (a study's trials, one
 CPU each, run the same way); every finished cram is appended to `--out`, and a second call skips
-what is there (resumable).
+what is there (resumable: `search.analysis.crams.CramStore`). An architecture whose cram diverged or
+ran out of memory is left out of the tables, with a note.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import json
-import multiprocessing
-import os
 import random
 import statistics
-import time
 from pathlib import Path
 
-import numpy as np
-from scipy import stats
-
-from search.analysis.crams import UNIT, cram_job, worker_died
+from search.analysis.crams import UNIT, Cram, CramStore, cram_job, worker_job
+from search.analysis.stats import correlation
 from search.run import CONFIGS, PROFILES, SPACES, load_profile
+from space.arch import ArchConfig
 from space.search_space import load_space
 from trainer.budget import Budget
 from trainer.config import TrainConfig, load_run_config
@@ -55,15 +50,6 @@ def draw_architectures(profile: dict, count: int, seed: int) -> list[tuple[str, 
     return list(drawn.items())
 
 
-def correlation(x: list[float], y: list[float], kind: str, resamples: int = 5000) -> tuple[float, float, float]:
-    """Rank correlation of paired values and its bootstrap 95% interval (architectures resampled)."""
-    statistic = {"spearman": lambda a, b: stats.spearmanr(a, b)[0], "kendall": lambda a, b: stats.kendalltau(a, b)[0]}[kind]
-    point = float(statistic(x, y))
-    interval = stats.bootstrap((np.asarray(x), np.asarray(y)), statistic, paired=True, vectorized=False,
-                               n_resamples=resamples, method="percentile", random_state=np.random.default_rng(0))
-    return point, float(interval.confidence_interval.low), float(interval.confidence_interval.high)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="data directory, e.g. ../shared/data")
@@ -83,34 +69,36 @@ def main() -> None:
     architectures = [(f"{run.name} (hand-designed)", run.arch.to_dict())]
     architectures += [(f"random {i + 1} ({fp[:8]})", arch)
                       for i, (fp, arch) in enumerate(draw_architectures(profile, args.archs, args.seed))]
-    out = Path(args.out)
-    done = {json.loads(line)["key"]: json.loads(line) for line in out.read_text().splitlines()} if out.exists() else {}
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
-    jobs = [{"key": f"{name}|{budget.text}", "name": name, "arch": arch, "train": train.to_dict(), "budget": budget.text,
-             "data": args.data, "cache_dir": args.cache_dir, "threads": threads}
-            for budget in (long, short) for name, arch in architectures]  # long ones first: the pool ends evenly
-    todo = [job for job in jobs if job["key"] not in done]
+    store = CramStore(Path(args.out), cram_id)
+    crams = [fidelity_cram(name, arch, budget, train, args)
+             for budget in (long, short) for name, arch in architectures]  # long ones first: the pool ends evenly
+    todo = store.pending(crams)
     print(f"{len(architectures)} architectures x budgets {short.text}, {long.text}: {len(todo)} crams to run "
-          f"({len(jobs) - len(todo)} in {out}), {args.jobs} at once on {threads} thread(s) each")
-    started = time.perf_counter()
-    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for count, finished in enumerate(concurrent.futures.as_completed([pool.submit(cram_job, job) for job in todo])):
-            try:
-                result = finished.result()
-            except concurrent.futures.process.BrokenProcessPool:
-                raise worker_died(count, len(todo), out) from None
-            done[result["key"]] = result
-            with out.open("a") as file:
-                file.write(json.dumps(result) + "\n")
-            print(f"  {result['name']} @ {result['budget']}: validation loss {result['validation_loss']:.4f} "
-                  f"({result['nats_below_unigram']:+.3f} nats below the unigram floor), {result['tokens']:,} tokens",
-                  flush=True)
-    print(f"crams took {time.perf_counter() - started:.0f} s")
-    report(architectures, done, short, long, profile["early_stop"]["grace_reports"])
+          f"({len(crams) - len(todo)} in {store.path}), {args.jobs} at once")
+    store.run(crams, cram_job, args.jobs)
+    report(architectures, store, short, long, profile["early_stop"]["grace_reports"])
 
 
-def report(architectures: list[tuple[str, dict]], done: dict, short: Budget, long: Budget, grace: int) -> None:
-    rows = [(name, done[f"{name}|{short.text}"], done[f"{name}|{long.text}"]) for name, _ in architectures]
+def fidelity_cram(name: str, arch: dict, budget: Budget, train: TrainConfig, args: argparse.Namespace) -> Cram:
+    key = f"{name}|{budget.text}"
+    work = worker_job(key, arch, train.to_dict(), budget.text, args.data, args.cache_dir, args.jobs)
+    return Cram({"key": key, "name": name, "budget": budget.text, "arch": arch}, ArchConfig.from_dict(arch), work,
+                name, f"{name} @ {budget.text}")
+
+
+def cram_id(row: dict) -> tuple[str, str]:
+    """A cram by its architecture's name and budget; a random architecture's name without the
+    fingerprint it shows, which a change of `ArchConfig.canonical` may respell."""
+    return row["name"].split(" (")[0], row["budget"]
+
+
+def report(architectures: list[tuple[str, dict]], store: CramStore, short: Budget, long: Budget, grace: int) -> None:
+    rows = [(name, *(store.done[cram_id({"name": name, "budget": budget.text})] for budget in (short, long)))
+            for name, _ in architectures]
+    failed = [name for name, s, lng in rows if s["validation_loss"] is None or lng["validation_loss"] is None]
+    if failed:
+        print(f"note: left out, a cram failed: {', '.join(failed)}")
+        rows = [row for row in rows if row[0] not in failed]
     print(f"\n| architecture | params | loss @ {short.text} | below floor @ {short.text} | rung-{grace} train loss "
           f"| loss @ {long.text} | below floor @ {long.text} |\n|---|---|---|---|---|---|---|")
     for name, s, lng in sorted(rows, key=lambda row: row[2]["validation_loss"]):

@@ -5,18 +5,19 @@
 crammed-bert-cpu's architecture and recipe with `position: rotary`, at each `--sizes` entry
 (`LAYERSxHIDDEN`; heads chosen so head_dim is 64 where hidden allows, else 32), crammed once with
 the same seed at the same budget; only the size changes. Every finished cram is appended to `--out`
-and a second call skips what is there (resumable). Printed: a table sorted by validation MLM loss,
-the best first; its size is what trainer/configs/sized-cpu.yaml uses (benchmarks/RESULTS.md).
+and a second call skips what is there (resumable: `search.analysis.crams.CramStore`). Printed: a
+table sorted by validation MLM loss, the best first; its size is what trainer/configs/sized-cpu.yaml
+uses (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
+from search.analysis.crams import Cram, CramStore
 from search.run import CONFIGS
 from space.arch import ArchConfig
 from trainer.budget import Budget
@@ -49,29 +50,20 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     run = load_run_config(CONFIGS / f"{args.base}.yaml")
     budget = Budget.parse(args.budget)
-    out = Path(args.out)
-    done = {}
-    if out.exists():
-        for line in out.read_text().splitlines():
-            row = json.loads(line)
-            done[(row["size"], row["budget"])] = row
-    data = prepare_data(CorpusSource.from_args(data_dir=args.data), vocab_size=run.arch.vocab_size,
-                        seq_len=run.arch.max_seq_len, cache_dir=args.cache_dir)
+    store = CramStore(Path(args.out), lambda row: (row["size"], row["budget"]))
     sizes = args.sizes.split(",")
-    for size in sizes:
-        if (size, budget.text) in done:
-            continue
-        arch = sized(run.arch, size)
-        result = cram(arch, run.train, data, budget)
-        row = {"size": size, "budget": budget.text, "heads": arch.heads, "params": result.params,
-               "validation_loss": result.validation_loss, "nats_below_unigram": result.nats_below_unigram,
-               "tokens": result.tokens, "steps": result.steps, "tokens_per_s": result.tokens_per_s,
-               "arch": arch.to_dict()}
-        done[(size, budget.text)] = row
-        with out.open("a") as file:
-            file.write(json.dumps(row) + "\n")
-        print(f"  {size}: validation loss {row['validation_loss']:.4f}, {row['tokens']:,} tokens", flush=True)
-    rows = sorted((done[(size, budget.text)] for size in sizes), key=lambda row: row["validation_loss"])
+    archs = {size: sized(run.arch, size) for size in sizes}
+    crams = [Cram({"size": size, "budget": budget.text, "heads": arch.heads, "arch": arch.to_dict()}, arch, arch, size, size)
+             for size, arch in archs.items()]
+    if store.pending(crams):
+        data = prepare_data(CorpusSource.from_args(data_dir=args.data), vocab_size=run.arch.vocab_size,
+                            seq_len=run.arch.max_seq_len, cache_dir=args.cache_dir)
+        store.run(crams, lambda arch: result_row(cram(arch, run.train, data, budget)))
+    rows = [store.done[(size, budget.text)] for size in sizes]
+    failed = [row["size"] for row in rows if row["validation_loss"] is None]
+    if failed:
+        print(f"note: left out, their crams failed: {', '.join(failed)}")
+    rows = sorted((row for row in rows if row["validation_loss"] is not None), key=lambda row: row["validation_loss"])
     print(f"\n{args.base} with rotary positions at {budget.text}, seed {run.train.seed}:\n"
           "| layers x hidden | heads | params | tokens | steps | validation loss | nats below unigram |\n"
           "|---|---|---|---|---|---|---|")
@@ -79,6 +71,12 @@ def main() -> None:
         print(f"| {row['size']} | {row['heads']} | {row['params'] / 1e6:.3f}M | {row['tokens']:,} | {row['steps']} | "
               f"{row['validation_loss']:.3f} | {row['nats_below_unigram']:+.3f} |")
     print(f"\nbest: {rows[0]['size']}")
+
+
+def result_row(result) -> dict:
+    return {"params": result.params, "validation_loss": result.validation_loss,
+            "nats_below_unigram": result.nats_below_unigram, "tokens": result.tokens, "steps": result.steps,
+            "tokens_per_s": result.tokens_per_s, "seconds": result.seconds}
 
 
 if __name__ == "__main__":

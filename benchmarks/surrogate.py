@@ -30,7 +30,6 @@ What it fits, and why:
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import math
 import random
@@ -46,8 +45,9 @@ from sklearn.ensemble import GradientBoostingRegressor, HistGradientBoostingRegr
 from sklearn.model_selection import KFold
 from threadpoolctl import threadpool_limits
 
+from search.analysis.cram_table import TableCram, read_crams
 from space import SearchSpace, default_space_path, load_space
-from space.arch import FIELD_TYPES, ArchConfig, ArchError
+from space.arch import ArchConfig, ArchError
 
 DEFAULT_TABLE = Path(__file__).parent / "cram_table.csv"
 RANDOM_MEMBERS = 20_000  # random members of the space: best values, and the optimum controllers are read against
@@ -64,46 +64,11 @@ MODELS = {
 }
 
 
-# ---- the table ---------------------------------------------------------------------------------
+# ---- the table (its rows: search.analysis.cram_table) --------------------------------------------
 
-@dataclass(frozen=True)
-class Cram:
-    """One row of the table that has a loss."""
-
-    architecture: str  # the architecture's fingerprint, computed from its fields today
-    source: str
-    seed: int
-    config: ArchConfig
-    loss: float
-
-
-def _parse(text: str, kind: str) -> Any:
-    # csv.DictWriter wrote Python's str(): True/False, 1e-05, 0.02.
-    if kind == "bool":
-        if text not in ("True", "False"):
-            raise ValueError(f"expected True or False, got {text!r}")
-        return text == "True"
-    return {"int": int, "float": float, "str": str}[kind](text)
-
-
-def read_crams(path: str | Path) -> tuple[list[Cram], int]:
-    """The rows of `path` with a loss, and how many rows were skipped (failed crams, no loss)."""
-    crams, skipped = [], 0
-    with Path(path).open(newline="") as file:
-        for row in csv.DictReader(file):
-            loss = row.get("validation_loss") or ""
-            if (row.get("error") or "").strip() or not loss.strip() or not math.isfinite(float(loss)):
-                skipped += 1
-                continue
-            config = ArchConfig.from_dict({name: _parse(row[name], kind) for name, kind in FIELD_TYPES.items()})
-            # Today's fingerprint, not the stored key's: two spellings of one network are one architecture.
-            crams.append(Cram(config.fingerprint(), row["source"], int(row["seed"]), config, float(loss)))
-    return crams, skipped
-
-
-def by_architecture(crams: Sequence[Cram]) -> tuple[list[ArchConfig], np.ndarray, np.ndarray]:
+def by_architecture(crams: Sequence[TableCram]) -> tuple[list[ArchConfig], np.ndarray, np.ndarray]:
     """One entry per architecture, in order of first appearance: config, mean loss, seeds crammed."""
-    groups: dict[str, list[Cram]] = defaultdict(list)
+    groups: dict[str, list[TableCram]] = defaultdict(list)
     for cram in crams:
         groups[cram.architecture].append(cram)
     configs = [rows[0].config for rows in groups.values()]
@@ -111,7 +76,7 @@ def by_architecture(crams: Sequence[Cram]) -> tuple[list[ArchConfig], np.ndarray
             np.array([len(rows) for rows in groups.values()]))
 
 
-def seed_noise(crams: Sequence[Cram]) -> tuple[float, int]:
+def seed_noise(crams: Sequence[TableCram]) -> tuple[float, int]:
     """Pooled seed-to-seed standard deviation over architectures with 2+ seeds, and how many there
     are: sqrt(sum of squared deviations from each architecture's mean / sum of (seeds - 1))."""
     groups: dict[str, list[float]] = defaultdict(list)
@@ -124,7 +89,7 @@ def seed_noise(crams: Sequence[Cram]) -> tuple[float, int]:
     return math.sqrt(squares / sum(len(x) - 1 for x in repeated)), len(repeated)
 
 
-def source_mean(crams: Sequence[Cram], source: str) -> float | None:
+def source_mean(crams: Sequence[TableCram], source: str) -> float | None:
     """The mean loss of the rows from `source` (e.g. hand:sized-cpu), or None without any."""
     losses = [c.loss for c in crams if c.source == source]
     return float(np.mean(losses)) if losses else None
@@ -213,7 +178,7 @@ class Surrogate:
     noise_architectures: int
     configs: list[ArchConfig]  # the table's architectures
     losses: np.ndarray  # their mean measured loss
-    crams: list[Cram]
+    crams: list[TableCram]
     skipped: int
     quality: dict[str, Quality] = field(default_factory=dict)  # by model name; empty when the table is too small
     importance: list[tuple[str, float]] = field(default_factory=list)  # (field, RMSE rise), largest first

@@ -3,6 +3,8 @@
     python docs/gen_cli.py            # rewrite docs/cli.md
     python docs/gen_cli.py --check    # exit 1, saying so, when docs/cli.md is not what the parsers say
 
+Run it where cramnas is installed (`pip install -e .`): it imports the commands as a user's Python does.
+
 Every command's module exposes `build_parser()`, the parser its `main` parses with, so the page
 cannot drift from the code: tests/test_cli_reference.py fails when a flag of any command is
 missing from docs/cli.md, when the page is stale, and when a command is missing from COMMANDS.
@@ -28,10 +30,12 @@ COMMANDS = (
     ("search.confirm", "re-train a study's best with new seeds, or climb a promotion ladder"),
     ("search.export", "write the winner as a run config"),
     ("search.sizing", "fit the best size of a design against compute"),
+    ("search.transfer", "measure how a study's ranking holds at larger budgets"),
     ("search.audit", "check that a study's two stores agree"),
     ("search.record", "record a finished cram in MLflow"),
     ("trainer.data_cli", "prepare (or find cached) pretraining data"),
     ("trainer.cram", "cram one architecture under a budget"),
+    ("trainer.reference_core", "measure the reference core that refs budgets convert through"),
     ("trainer.export_hf", "export a cram for Hugging Face transformers"),
     ("glue.evaluate", "fine-tune and score a checkpoint on GLUE"),
     ("dashboards.report", "write a study's HTML report"),
@@ -51,8 +55,8 @@ one line and exit status 130. What the words in the output mean: [Concepts and g
 
 
 def parser_of(module: str) -> argparse.ArgumentParser:
-    if str(REPO) not in sys.path:  # `python docs/gen_cli.py` from a checkout
-        sys.path.insert(0, str(REPO))
+    # The commands are imported from the installed packages (`pip install -e .`, README.md), as a
+    # user runs them: the generator needs no path of its own.
     return importlib.import_module(module).build_parser()
 
 

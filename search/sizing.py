@@ -40,10 +40,10 @@ that wins near 3e13. Crammed at 2e12, 6e12 and 2e13 FLOPs, the grid costs about 
 idle core (small models are slower per FLOP: 1x16 is 40% of it).
 
 Crams run in this process through `trainer.cram.cram` on one thread (`--threads`), in order of
-budget; each finished cram is one JSON line of `<out>/crams.jsonl` and a second call crams only
-what is not there (a row counts when its design, training settings, seed, data and budget are this
-call's). Then the table of losses, the best size per budget and the fit are printed, and the fit is
-written to `<out>/size-fit.json`.
+budget; each finished cram is one JSON line of `<out>/crams.jsonl` (`search.analysis.crams`) and a
+second call crams only what is not there (a row counts when its design, training settings, seed,
+data and budget are this call's). Then the table of losses, the best size per budget and the fit
+are printed, and the fit is written to `<out>/size-fit.json`.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from typing import Any
 
 import numpy as np
 
+from search.analysis.crams import Cram, CramStore
 from space.arch import ArchConfig, ArchError
 from space.errors import CramnasError, UsageError
 from space.vocabulary import Position
@@ -349,40 +350,37 @@ def cram_key(arch: ArchConfig, train: TrainConfig, budget: Budget, source: str) 
     return f"{size_name(arch)}|{budget.amount:.6g}flops|{arch.fingerprint()}|{train_fingerprint(train)}|{source}"
 
 
-def read_crams(path: Path) -> dict[str, dict]:
-    """The rows of crams.jsonl by key. A line cut short (a process killed while writing it) is
-    skipped with a note: its cram runs again."""
-    done: dict[str, dict] = {}
-    if not path.exists():
-        return done
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        try:
-            row = json.loads(line)
-            done[row["key"]] = row
-        except (json.JSONDecodeError, KeyError, TypeError):
-            if line.strip():
-                print(f"note: {path}:{number} is not a cram row; skipped", file=sys.stderr)
-    return done
+def identify(row: Mapping[str, Any]) -> tuple[str, ...]:
+    """What identifies a cram of crams.jsonl (`cram_key`'s parts), its design by today's fingerprint
+    of the architecture the row keeps rather than the key's, which a change of `ArchConfig.canonical`
+    may respell; its training settings by those the row keeps where it does (rows before kept only
+    their fingerprint in the key)."""
+    size, budget, _, train, source = row["key"].split("|", 4)
+    if "train" in row:
+        train = train_fingerprint(TrainConfig.from_dict(row["train"]))
+    return size, budget, ArchConfig.from_dict(row["arch"]).fingerprint(), train, source
 
 
-def cram_row(arch: ArchConfig, train: TrainConfig, data: Any, budget: Budget, key: str) -> dict:
-    """Cram `arch` under `budget` in this process; the JSON line it leaves. A diverged cram or one out
-    of memory is a row without a loss (`failed`), which the fit leaves out."""
+def sizing_cram(arch: ArchConfig, train: TrainConfig, budget: Budget, source: str) -> Cram:
+    """The cram of `arch` under `budget`, with what its row keeps beside the result."""
+    row = {"key": cram_key(arch, train, budget, source), "size": size_name(arch), "heads": arch.heads,
+           "budget": budget.text, "budget_flops": budget.amount, "seed": train.seed, "params": arch.num_params(),
+           "non_embedding_params": non_embedding_params(arch), "flops_per_token": arch.flops_per_token(),
+           "arch": arch.to_dict(), "train": train.to_dict()}
+    return Cram(row, arch, (arch, budget), size_name(arch), f"{size_name(arch)} @ {budget.text}")
+
+
+def cram_row(arch: ArchConfig, train: TrainConfig, data: Any, budget: Budget) -> dict:
+    """Cram `arch` under `budget` in this process; what its row keeps of the result. A cram that
+    diverged or ran out of memory is a row without a loss (`error`: the store's), which the fit
+    leaves out."""
     from trainer.cram import cram
-    from trainer.loop import OutOfMemory
-    from trainer.rollback import NonFiniteLoss
 
     lines = ProgressLines(lambda line: print(f"    {line}", file=sys.stderr, flush=True), every_percent=25)
-    row = {"key": key, "size": size_name(arch), "heads": arch.heads, "budget": budget.text,
-           "budget_flops": budget.amount, "seed": train.seed, "params": arch.num_params(),
-           "non_embedding_params": non_embedding_params(arch), "flops_per_token": arch.flops_per_token(),
-           "data_fingerprint": data.fingerprint, "arch": arch.to_dict()}
-    try:
-        result = cram(arch, train, data, budget, on_progress=lambda p: lines.update(p.fraction, f"loss {p.train_loss:.3f}"))
-    except (NonFiniteLoss, OutOfMemory) as error:
-        return {**row, "validation_loss": None, "failed": str(error)}
-    return {**row, "validation_loss": result.validation_loss, "nats_below_floor": result.nats_below_floor,
-            "regime": result.regime, "tokens": result.tokens, "steps": result.steps, "seconds": result.seconds}
+    result = cram(arch, train, data, budget, on_progress=lambda p: lines.update(p.fraction, f"loss {p.train_loss:.3f}"))
+    return {"data_fingerprint": data.fingerprint, "validation_loss": result.validation_loss,
+            "nats_below_floor": result.nats_below_floor, "regime": result.regime, "tokens": result.tokens,
+            "steps": result.steps, "seconds": result.seconds}
 
 
 def prepare(family: Sequence[ArchConfig], train: TrainConfig, budgets: Sequence[Budget], args: Any) -> Any:
@@ -538,13 +536,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_crams(plan: Plan, args: Any) -> list[dict]:
     """This call's rows, crammed where crams.jsonl does not have them yet; each new one appended."""
-    path = plan.out / CRAMS_FILE
-    done = read_crams(path)
-    jobs = [(budget, arch, cram_key(arch, plan.train, budget, plan.source)) for budget in plan.budgets for arch in plan.family]
-    todo = [job for job in jobs if job[2] not in done]
-    others = len(set(done) - {key for _, _, key in jobs})
+    store = CramStore(plan.out / CRAMS_FILE, identify)
+    crams = [sizing_cram(arch, plan.train, budget, plan.source) for budget in plan.budgets for arch in plan.family]
+    todo = store.pending(crams)
+    others = len(set(store.done) - {identify(cram.row) for cram in crams})
     print(f"{plan.run.name} ({plan.run.arch.describe()}): {len(plan.family)} sizes x {len(plan.budgets)} budgets, "
-          f"{count(len(todo), 'cram')} to run ({len(jobs) - len(todo)} in {path}"
+          f"{count(len(todo), 'cram')} to run ({len(crams) - len(todo)} in {store.path}"
           + (f"; {others} of other settings there not used" if others else "") + ")", flush=True)
     if todo:
         import torch
@@ -553,28 +550,15 @@ def run_crams(plan: Plan, args: Any) -> list[dict]:
         threads = torch.get_num_threads()
         torch.set_num_threads(args.threads)
         try:
-            for number, (budget, arch, key) in enumerate(todo, 1):
-                print(f"  [{number}/{len(todo)}] {size_name(arch)} @ {budget.text} ...", flush=True)
-                row = cram_row(arch, plan.train, data, budget, key)
-                done[key] = row
-                with path.open("a") as file:
-                    file.write(json.dumps(row) + "\n")
-                print(f"  [{number}/{len(todo)}] {_row_line(row)}", flush=True)
+            store.run(crams, lambda work: cram_row(work[0], plan.train, data, work[1]))
         finally:
             torch.set_num_threads(threads)  # in-process callers (tests) keep their own
-    rows = [done[key] for _, _, key in jobs]
-    fingerprints = {row["data_fingerprint"] for row in rows}
+    rows = [store.done[identify(cram.row)] for cram in crams]
+    fingerprints = {row["data_fingerprint"] for row in rows if "data_fingerprint" in row}
     if len(fingerprints) > 1:
         print(f"warning: these crams read {len(fingerprints)} different preparations of the data; "
               f"a fresh --out crams them all on one", file=sys.stderr)
     return rows
-
-
-def _row_line(row: dict) -> str:
-    if row["validation_loss"] is None:
-        return f"{row['size']} @ {row['budget']}: failed ({row['failed']})"
-    return (f"{row['size']} @ {row['budget']}: validation loss {row['validation_loss']:.4f}, "
-            f"{row['tokens']:,} tokens in {row['seconds']:.0f} s")
 
 
 def markdown_table(plan: Plan, rows: list[dict], fit: SizeFit | None) -> str:

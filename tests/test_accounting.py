@@ -1,12 +1,14 @@
-"""The arithmetic of benchmarks/accounting.py (compute-equivalent multiples, payback, size or
-design) and of benchmarks/proving_ground.py (its stages' commands, whose winner is which, its tables),
-on made-up numbers: the real benchmarks take hours."""
+"""The arithmetic of the accounting, search.analysis.accounting (compute-equivalent multiples,
+payback, size or design), and of the proving ground (search.analysis.proving_ground: whose winner is
+which, its tables; search.study.stages, which runs its stages; the commands benchmarks/proving_ground.py
+--dry-run prints), on made-up numbers: the real benchmarks take hours."""
 
 from __future__ import annotations
 
 import concurrent.futures
-import importlib
 import json
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,14 +16,12 @@ import optuna
 import pandas as pd
 import pytest
 
+from search.analysis import accounting, proving_ground
 from search.analysis import crams as cram_store
+from search.study import stages as stage_runner
 from space.arch import ArchConfig
 from space.errors import UsageError
 from trainer.budget import Budget
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-accounting = importlib.import_module("accounting")
-proving_ground = importlib.import_module("proving_ground")
 
 
 def test_compute_equivalent_interpolates_in_log_compute():
@@ -127,27 +127,6 @@ def test_a_dead_worker_ends_the_run_in_one_line_and_keeps_what_finished(tmp_path
     assert list(again.done) == ["winner|1x|0"]
 
 
-def test_a_dead_worker_leaves_no_failed_rows_in_the_cram_table(tmp_path, monkeypatch):
-    # The pool fails every cram left with BrokenProcessPool once a worker is killed: recorded as
-    # failures, they would be counted done and never crammed.
-    cram_table = importlib.import_module("cram_table")
-    crammed = []
-
-    def cram_job(job: dict) -> dict:
-        if crammed:
-            raise concurrent.futures.process.BrokenProcessPool("a process in the pool was terminated abruptly")
-        crammed.append(job["key"])
-        return {"validation_loss": 4.4, "regime": "neighbours", "tokens": 1000}
-
-    out = tmp_path / "table.csv"
-    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", InlinePool)
-    monkeypatch.setattr(cram_table, "cram_job", cram_job)
-    monkeypatch.setattr(sys, "argv", ["cram_table.py", "--data", "d", "--rows", "2", "--repeats", "0", "--out", str(out)])
-    with pytest.raises(SystemExit, match=r"worker process died; 1 of \d+ crams finished and are kept in .*table.csv"):
-        cram_table.main()
-    assert [row["key"] for row in cram_table.read_table(out).values()] == crammed  # one row, with its loss; none failed
-
-
 def test_the_accounted_trial_is_the_studys_best_or_the_one_asked_for():
     storage = optuna.storages.InMemoryStorage()
     study = optuna.create_study(study_name="s", storage=storage)
@@ -158,11 +137,11 @@ def test_the_accounted_trial_is_the_studys_best_or_the_one_asked_for():
                                                                           "metrics": {"validation_loss": loss}}))
     assert accounting.study_winner(storage, "s") == ({"hidden": 64}, {"lr": 1e-3}, "2e12flops")
     assert accounting.study_winner(storage, "s", trial=2)[0] == {"hidden": 48}
-    with pytest.raises(SystemExit, match="no complete trial 7"):
+    with pytest.raises(UsageError, match="no complete trial 7"):
         accounting.study_winner(storage, "s", trial=7)
 
 
-# ---- benchmarks/proving_ground.py -----------------------------------------------------------------
+# ---- the proving ground -------------------------------------------------------------------------
 
 Study = proving_ground.Study
 LONG, SHORT = "6e12flops", "2e12flops"
@@ -196,7 +175,7 @@ def test_each_studys_winner_is_crowned_at_the_long_budget_and_the_best_is_accoun
     study, winner = proving_ground.accounted(winners, LONG, "best")
     assert (study.name, winner.trial) == ("pg-random-s1", 8)  # the lowest long-budget mean of all
     assert proving_ground.accounted(winners, LONG, "tpe")[0].name == "pg-tpe-s0"
-    with pytest.raises(SystemExit, match="--account gp"):
+    with pytest.raises(UsageError, match="--account gp"):
         proving_ground.accounted(winners, LONG, "gp")
 
 
@@ -219,27 +198,54 @@ def test_the_tables_pair_each_seeds_winners_with_the_baselines_budget_by_budget(
     assert "over the 4 confirmed candidates" in text  # the transfer, over those confirmed long
 
 
-def test_the_proving_ground_searches_search_runs_default_controller_against_random():
+def dry_run(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
+    """`benchmarks/proving_ground.py --dry-run`: the stages' commands, each stage's name then its commands."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "proving_ground.py"
+    return subprocess.run([sys.executable, str(script), "--data", "d", "--out", str(tmp_path / "pg"), "--dry-run", *flags],
+                          capture_output=True, text=True, timeout=300)
+
+
+def stage_commands(out: str) -> dict[str, list[list[str]]]:
+    stages: dict[str, list[list[str]]] = {}
+    for line in out.splitlines():
+        if line.startswith("  "):
+            stages[next(reversed(stages))].append(shlex.split(line))
+        elif line.endswith(":"):
+            stages[line[:-1]] = []
+    return stages
+
+
+@pytest.mark.slow  # the script imports search.run (torch)
+@pytest.mark.subprocess
+def test_the_proving_ground_searches_search_runs_default_controller_against_random(tmp_path):
     from search.run import parse_args
 
-    args = proving_ground.parse_args(["--data", "d"])
-    assert args.controller == parse_args([]).controller
-    assert args.controller_seeds == [0, 1, 2] and args.account == "best"
-    assert proving_ground.parse_args(["--data", "d", "--controller", "tpe", "--account", "tpe"]).account == "tpe"
-    with pytest.raises(SystemExit):
-        proving_ground.parse_args(["--data", "d", "--controller", "random"])  # the control
-    other = next(name for name in ("tpe", "evolution") if name != args.controller)
-    with pytest.raises(SystemExit):
-        proving_ground.parse_args(["--data", "d", "--account", other])  # not a controller of this proving ground
+    done = dry_run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    controller = parse_args([]).controller
+    searches = {name: commands for name, commands in stage_commands(done.stdout).items() if name.startswith("search-")}
+    assert list(searches) == [f"search-pg-{name}-s{seed}" for seed in (0, 1, 2) for name in (controller, "random")]
+    assert "(--account best)" in done.stdout and not (tmp_path / "pg").exists()  # a dry run writes nothing
+    assert dry_run(tmp_path, "--controller", "tpe", "--account", "tpe").returncode == 0
+    refused = dry_run(tmp_path, "--controller", "random")  # the control
+    assert refused.returncode == 2 and "--controller" in refused.stderr
+    other = next(name for name in ("tpe", "evolution") if name != controller)
+    refused = dry_run(tmp_path, "--account", other)  # not a controller of this proving ground
+    assert refused.returncode == 2 and "--account: best" in refused.stderr
 
 
-def test_the_confirmations_cover_every_study_and_baseline_at_both_budgets_the_long_first():
-    args = proving_ground.parse_args(["--data", "d", "--controller-seeds", "0,1", "--baselines", "a-cpu,b-cpu"])
+@pytest.mark.slow  # the script imports search.run (torch)
+@pytest.mark.subprocess
+def test_the_confirmations_cover_every_study_and_baseline_at_both_budgets_the_long_first(tmp_path):
+    done = dry_run(tmp_path, "--controller", "tpe", "--controller-seeds", "0,1", "--baselines", "a-cpu,b-cpu",
+                   "--budget", SHORT, "--long-budget", LONG)
+    assert done.returncode == 0, done.stderr
+    commands = stage_commands(done.stdout)["confirmations"]
     studies = [Study("tpe", 0), Study("random", 0), Study("tpe", 1), Study("random", 1)]
-    commands = proving_ground.confirm_commands(args, studies, [LONG, SHORT], "sqlite:///m.db")
     assert all(command[1:3] == ["-m", "search.confirm"] for command in commands)
     flags = [dict(zip(command[3::2], command[4::2])) for command in commands]
-    assert all(flag["--seeds"] == "3" and flag["--tracking-uri"] == "sqlite:///m.db" for flag in flags)
+    uri = f"sqlite:///{tmp_path / 'pg' / 'mlflow.db'}"
+    assert all(flag["--seeds"] == "3" and flag["--tracking-uri"] == uri for flag in flags)
     seen = [(flag["--budget"], flag["--study"], flag["--top"], flag.get("--baselines")) for flag in flags]
     for budget in (LONG, SHORT):
         assert [entry for entry in seen if entry[0] == budget] == [
@@ -250,21 +256,21 @@ def test_the_confirmations_cover_every_study_and_baseline_at_both_budgets_the_lo
 
 @pytest.mark.subprocess
 def test_a_stage_runs_its_commands_jobs_at_a_time_and_once_it_passed(tmp_path, monkeypatch):
-    monkeypatch.setattr(proving_ground, "POLL_S", 0.05)
+    monkeypatch.setattr(stage_runner, "POLL_S", 0.05)
     # Each command says whether another ran beside it, then exits with the code it is given.
     script = ("import pathlib, sys, time; lock = pathlib.Path(sys.argv[1]) / 'running'; beside = lock.exists(); "
               "lock.touch(); time.sleep(0.2); lock.unlink(); print('beside' if beside else 'alone'); "
               "sys.exit(int(sys.argv[2]))")
     command = lambda code: [sys.executable, "-c", script, str(tmp_path), str(code)]
     env = {"PATH": "/usr/bin:/bin"}
-    stages = proving_ground.Stages(tmp_path)
-    with pytest.raises(SystemExit, match=r"stage confirm failed \(exit \[0, 3, 0\]\)"):
+    stages = stage_runner.Stages(tmp_path)
+    with pytest.raises(stage_runner.StageError, match=r"stage confirm failed \(exit \[0, 3, 0\]\)"):
         stages.run("confirm", [command(0), command(3), command(0)], env, jobs=1)
     # one at a time, and every command although the second failed
     assert [(tmp_path / f"confirm-{i}.log").read_text() for i in range(3)] == ["alone\n"] * 3
-    proving_ground.Stages(tmp_path).run("confirm", [command(0)] * 3, env, jobs=1)  # run again: resumed, passes
+    stage_runner.Stages(tmp_path).run("confirm", [command(0)] * 3, env, jobs=1)  # run again: resumed, passes
     assert (tmp_path / "confirm-1.log").read_text() == "alone\nalone\n"
-    again = proving_ground.Stages(tmp_path)
+    again = stage_runner.Stages(tmp_path)
     again.run("confirm", [command(3)], env)  # done: skipped, so its failing command never runs
     assert again.started("confirm") and json.loads((tmp_path / "state.json").read_text())["confirm"]["done"]
 
@@ -325,7 +331,7 @@ def test_a_wrong_tracking_store_is_one_line_before_any_cram(tmp_path):
 
     from tests.confirm_study import tiny_arch, write_study
 
-    script = Path(accounting.__file__)
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "accounting.py"
     missing = tmp_path / "none.db"
     base = [sys.executable, str(script), "--data", str(tmp_path), "--study", "s", "--storage", f"sqlite:///{tmp_path}/o.db"]
     done = subprocess.run(base + ["--tracking-uri", f"sqlite:///{missing}"], capture_output=True, text=True, cwd=script.parent)

@@ -1,10 +1,9 @@
 """Budgets that behave like a clock (issue 19 §6): elementwise FLOPs, reference-core seconds
-(`180refs`) resolved into each architecture's FLOPs, and the fit of benchmarks/reference_core.py."""
+(`180refs`) resolved into each architecture's FLOPs, and the fit of `python -m trainer.reference_core`."""
 
 from __future__ import annotations
 
-import importlib
-import sys
+import argparse
 from pathlib import Path
 
 import pytest
@@ -12,11 +11,9 @@ import yaml
 
 from space.arch import ArchConfig
 from trainer import budget as budget_module
+from trainer import reference_core as reference_cli
 from trainer.budget import Budget, BudgetError, ReferenceCore, reference_core
 from trainer.resume import parse_every
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-reference_bench = importlib.import_module("reference_core")
 
 CPU = dict(vocab_size=2048, max_seq_len=64)
 WINNER = ArchConfig(layers=1, hidden=64, heads=2, ffn_kind="gelu", position="rotary", **CPU)  # the proving ground's 1x64
@@ -101,7 +98,7 @@ def test_a_cadence_in_reference_seconds_is_refused_with_the_fix():
 # ---- the reference file -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("content,message", [
-    (None, "need .*reference.yaml.*benchmarks/reference_core.py --write"),
+    (None, "need .*reference.yaml.*python -m trainer.reference_core --write"),
     ("coefficients: [1, 2]\n", "has no coefficients mapping"),
     ("coefficients: {matmul_flop: 1.0e-11, elementwise_flop: -1.0e-12, layer: 0, token: 0}\n",
      "coefficients.elementwise_flop must be a non-negative number, got -1e-12"),
@@ -193,39 +190,55 @@ def test_cram_trains_a_reference_budget_as_its_flops(wiki_slice, tmp_path, monke
     assert result.tokens == 24 * SLICE_SEQ and result.budget == f"{seconds!r}refs"
 
 
-# ---- the fit (benchmarks/reference_core.py), on synthetic measurements ---------------------------
+# ---- the fit (python -m trainer.reference_core), on synthetic measurements ---------------------
 
 def test_the_fit_recovers_known_coefficients():
     truth = [2e-11, 6e-11, 3e-6, 5e-6]
-    archs = [reference_bench.BASE.replace(**changes) for changes in reference_bench.ARCHITECTURES]
+    archs = [reference_cli.BASE.replace(**changes) for changes in reference_cli.ARCHITECTURES]
     features = [ReferenceCore.features(arch) for arch in archs]
     seconds = [sum(c * f for c, f in zip(truth, row)) for row in features]
-    coefficients, predictions = reference_bench.fit(features, seconds)
+    coefficients, predictions = reference_cli.fit(features, seconds)
     assert coefficients == pytest.approx(truth, rel=1e-6)
     assert predictions == pytest.approx(seconds, rel=1e-9)
 
 
 def test_the_fit_keeps_coefficients_non_negative():
     # Measurements that a negative per-layer cost would fit best: nnls sets it to 0 instead.
-    archs = [reference_bench.BASE.replace(**changes) for changes in reference_bench.ARCHITECTURES]
+    archs = [reference_cli.BASE.replace(**changes) for changes in reference_cli.ARCHITECTURES]
     features = [ReferenceCore.features(arch) for arch in archs]
     seconds = [max(1e-7, 2e-11 * row[0] - 4e-6 * row[2] + 3e-5) for row in features]
-    coefficients, _ = reference_bench.fit(features, seconds)
+    coefficients, _ = reference_cli.fit(features, seconds)
     assert all(c >= 0 for c in coefficients) and coefficients[2] == 0
 
 
 def test_the_written_file_is_what_budgets_read(tmp_path, monkeypatch):
-    archs = [reference_bench.BASE.replace(**changes) for changes in reference_bench.ARCHITECTURES[:3]]
+    archs = [reference_cli.BASE.replace(**changes) for changes in reference_cli.ARCHITECTURES[:3]]
     features = [ReferenceCore.features(arch) for arch in archs]
     coefficients = [2e-11, 6e-11, 3e-6, 5e-6]
     seconds = [sum(c * f for c, f in zip(coefficients, row)) for row in features]
-    rows = reference_bench.report(archs, features, seconds, coefficients, seconds, 0.25)
-    args = reference_bench.argparse.Namespace(steps=1, repeats=1, provisional="measured under load")
-    reference_bench.write(tmp_path / "core.yaml", coefficients, rows, args, 0.25)
+    rows = reference_cli.report(archs, features, seconds, coefficients, seconds, 0.25)
+    args = argparse.Namespace(steps=1, repeats=1, provisional="measured under load")
+    reference_cli.write(tmp_path / "core.yaml", coefficients, rows, args, 0.25)
     assert ReferenceCore.load(tmp_path / "core.yaml").coefficients == pytest.approx(coefficients)
     record = yaml.safe_load((tmp_path / "core.yaml").read_text())
     assert record["provisional"] == "measured under load" and record["max_relative_error"] == 0
     assert [row["arch"] for row in record["architectures"]] == [arch.describe() for arch in archs]
+
+
+@pytest.mark.slow  # imports torch and times two models
+@pytest.mark.subprocess
+def test_the_command_measures_fits_and_writes_what_budgets_read(tmp_path):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "trainer.reference_core", "--steps", "1", "--repeats", "1", "--warmup", "0"]
+    done = subprocess.run(command + ["--archs", "2", "--write", str(tmp_path / "core.yaml")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "max relative error" in done.stdout and f"wrote {tmp_path / 'core.yaml'}" in done.stdout
+    assert ReferenceCore.load(tmp_path / "core.yaml").coefficients[0] > 0
+    refused = subprocess.run(command + ["--archs", "1"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and refused.stderr.strip() == "error: --archs: between 2 and 11, got 1"
 
 
 def test_search_judges_a_reference_budget_on_the_fastest_architecture(tmp_path, monkeypatch):

@@ -1,31 +1,29 @@
-"""benchmarks/transfer.py on made-up crams (the real measurement takes hours): the tables' rank
+"""search.transfer (python -m search.transfer) on made-up crams (the real measurement takes hours): the tables' rank
 correlations, count-model marks, best-at-1x against best-at-30x and the ladder pick's verdicts; the
 resized hand designs; a second call cramming nothing; bad input as one line and exit 2."""
 
 from __future__ import annotations
 
 import concurrent.futures
-import importlib
 import json
 import re
-import sys
 from pathlib import Path
 
 import optuna
 import pytest
 
+from search import transfer
 from search.analysis import crams as cram_store
+from search.analysis import transfer as analysis
+from search.base.paths import CONFIGS
 from space.arch import ArchConfig
+from space.errors import UsageError
 from trainer.budget import Budget
 from trainer.config import load_run_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-transfer = importlib.import_module("transfer")
-accounting = importlib.import_module("accounting")
-
 MULTIPLES = (1.0, 3.0, 10.0, 30.0)
 SEEDS_AT = {1.0: 3, 3.0: 3, 10.0: 3, 30.0: 1}
-SIZED_CPU = load_run_config(accounting.CONFIGS / "sized-cpu.yaml")
+SIZED_CPU = load_run_config(CONFIGS / "sized-cpu.yaml")
 ARCH = SIZED_CPU.arch.to_dict()
 CONTEXT = 3.0  # the made-up two-neighbour count model
 
@@ -47,7 +45,7 @@ def made_up(tmp_path: Path, curves: dict[str, dict[float, list[float]]], kinds: 
     configs = [transfer.Configuration.fixed(name, kinds.get(name, "candidate"), ARCH, {}, MULTIPLES)
                for name in curves]
     crams = cram_store.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=1)
-    return configs, transfer.cells(crams, configs, SEEDS_AT)
+    return configs, analysis.cells(crams, configs, SEEDS_AT)
 
 
 def seeds(*means: float, spread: float = 0.01) -> dict[float, list[float]]:
@@ -67,7 +65,7 @@ def test_each_rung_is_ranked_against_30x_over_the_fixed_configurations_with_inte
     curves["x@sized"] = seeds(6.0, 2.0, 2.0, 2.0)
     configs, table = made_up(tmp_path, curves, {"x@sized": "resized"})
     fixed = [c.name for c in configs if c.kind != "resized"]
-    text = "\n".join(transfer.correlation_table(table, fixed, MULTIPLES, resamples=200))
+    text = "\n".join(analysis.correlation_table(table, fixed, MULTIPLES, resamples=200))
     rows = {m: re.search(rf"\| {m} \| 30x \| (\d+) \| (\S+) \((\S+) to (\S+)\) \| (\S+) \((\S+) to (\S+)\) \|", text)
             for m in ("1x", "3x", "10x")}
     assert {m: int(row.group(1)) for m, row in rows.items()} == {"1x": 6, "3x": 6, "10x": 5}
@@ -78,7 +76,7 @@ def test_each_rung_is_ranked_against_30x_over_the_fixed_configurations_with_inte
     assert float(rows["1x"].group(2)) == 1.0 and float(rows["3x"].group(2)) == -1.0
     assert float(rows["3x"].group(7)) < 0  # reversed: the whole Kendall interval below zero
     # two configurations have no rank to correlate
-    few = "\n".join(transfer.correlation_table(table, ["c0", "c1"], MULTIPLES, resamples=50))
+    few = "\n".join(analysis.correlation_table(table, ["c0", "c1"], MULTIPLES, resamples=50))
     assert "| 1x | 30x | 2 | too few to rank | too few to rank |" in few
 
 
@@ -101,12 +99,12 @@ def test_the_study_candidates_are_also_ranked_alone(tmp_path):
 def test_a_mean_below_the_count_model_is_marked_where_it_first_is(tmp_path):
     curves = {"deep": seeds(5.0, 4.0, 3.1, CONTEXT - 0.1), "shallow": seeds(5.1, 4.5, 4.0, 3.5)}
     configs, table = made_up(tmp_path, curves)
-    text = "\n".join(transfer.configuration_table(configs, table, MULTIPLES))
+    text = "\n".join(analysis.configuration_table(configs, table, MULTIPLES))
     deep, shallow = table_row(text, "deep"), table_row(text, "shallow")
-    assert deep.count(transfer.BELOW) == 1 and deep.endswith("| 30x | 9.0 |")  # 30x: one seed, 9 passes
+    assert deep.count(analysis.BELOW) == 1 and deep.endswith("| 30x | 9.0 |")  # 30x: one seed, 9 passes
     assert "2.900 (n=1) beyond-ngrams †" in deep and "3.100 ± " in deep and "neighbours |" in deep
-    assert transfer.BELOW not in shallow and shallow.endswith("| none | 9.0 |")
-    three = "\n".join(transfer.configuration_table(configs, table, MULTIPLES[:3]))  # 10x: seeds 0-2, 3 to 9
+    assert analysis.BELOW not in shallow and shallow.endswith("| none | 9.0 |")
+    three = "\n".join(analysis.configuration_table(configs, table, MULTIPLES[:3]))  # 10x: seeds 0-2, 3 to 9
     assert table_row(three, "deep").endswith("| none | 6.0 |") and "| epochs at 10x |" in three
     assert text.index("| deep |") < text.index("| shallow |")  # the best at 30x first
     assert "5.000 ± 0.025 (n=3)" in deep  # seeds 4.99, 5.00, 5.01: the Student-t half-width
@@ -116,10 +114,10 @@ def test_the_best_at_1x_and_at_30x_are_named_and_compared(tmp_path):
     curves = {"fast": seeds(4.8, 4.3, 3.9, 3.70), "slow": seeds(5.2, 4.4, 3.6, 3.30),
               "middle": seeds(5.0, 4.4, 3.8, 3.50)}
     _, table = made_up(tmp_path, curves)
-    line = transfer.best_lines(table, list(curves), MULTIPLES)[0]
+    line = analysis.best_lines(table, list(curves), MULTIPLES)[0]
     assert line.startswith("best at 1x: fast (4.800); best at 30x: slow (3.300): not the same; fast is 3 of 3 at 30x")
     assert "+0.400" in line and "outside noise" in line  # fast - slow at 30x, noise from 10x's seeds
-    same = transfer.best_lines(table, ["fast", "middle"], MULTIPLES[:2])[0]  # 1x and 3x only: fast both times
+    same = analysis.best_lines(table, ["fast", "middle"], MULTIPLES[:2])[0]  # 1x and 3x only: fast both times
     assert same.endswith("fast (4.300): the same configuration")
 
 
@@ -128,10 +126,10 @@ def test_a_resized_hand_design_lower_than_the_best_at_30x_is_named_beside_it(tmp
               "sized-cpu@sized": seeds(5.1, 4.4, 3.65, 3.20), "other@sized": seeds(5.1, 4.4, 3.7, 3.60)}
     kinds = {"sized-cpu@sized": "resized", "other@sized": "resized"}
     _, table = made_up(tmp_path, curves, kinds)
-    lines = transfer.best_lines(table, ["fast", "slow"], MULTIPLES, ["sized-cpu@sized", "other@sized"])
+    lines = analysis.best_lines(table, ["fast", "slow"], MULTIPLES, ["sized-cpu@sized", "other@sized"])
     assert lines[0].startswith("best at 1x: fast (4.800); best at 30x: slow (3.300)")  # the ranked ones alone
     assert lines[1].startswith("a resized hand design is lower at 30x: sized-cpu@sized (3.200); slow - sized-cpu@sized +0.100")
-    behind = transfer.best_lines(table, ["fast", "slow"], MULTIPLES, ["other@sized"])  # 3.60: not lower
+    behind = analysis.best_lines(table, ["fast", "slow"], MULTIPLES, ["other@sized"])  # 3.60: not lower
     assert behind == [behind[0], ""]
 
 
@@ -163,9 +161,9 @@ def test_a_common_seed_pair_is_an_interval_of_its_own_at_30x(tmp_path):
     curves = {"a": seeds(5.0, 4.5, 4.0, 3.5), "b": seeds(5.0, 4.5, 4.0, 3.5)}
     curves["a"][30.0], curves["b"][30.0] = [3.50, 3.52, 3.54], [3.40, 3.41, 3.43]
     _, table = made_up(tmp_path, curves)
-    table = {name: {**row, 30.0: transfer.Cell(dict(enumerate(curves[name][30.0])), 5.8, CONTEXT, "1x32")}
+    table = {name: {**row, 30.0: analysis.Cell(dict(enumerate(curves[name][30.0])), 5.8, CONTEXT, "1x32")}
              for name, row in table.items()}  # three seeds at 30x
-    assert transfer.paired(table, "a", "b", MULTIPLES).endswith("outside noise (paired by seed, n=3)")
+    assert analysis.paired(table, "a", "b", MULTIPLES).endswith("outside noise (paired by seed, n=3)")
 
 
 def test_hand_designs_are_resized_per_multiple_and_share_crams_where_the_size_is_their_own():
@@ -214,7 +212,7 @@ def test_a_second_call_crams_nothing_that_is_done(tmp_path, monkeypatch):
     monkeypatch.setattr(cram_store, "cram_job", fail)
     crams = cram_store.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), 1)
     crams.run(transfer.wanted(configs, SEEDS_AT))  # everything done: nothing crammed
-    table = transfer.cells(crams, configs, SEEDS_AT)
+    table = analysis.cells(crams, configs, SEEDS_AT)
     assert {m: len(cell.by_seed) for m, cell in table["trial 1"].items()} == SEEDS_AT
     more = transfer.wanted(configs, {**SEEDS_AT, 30.0: 2})  # a second seed at 30x is new
     with pytest.raises(AssertionError, match=r"crammed trial \d\|30x\|1 again"):
@@ -224,7 +222,7 @@ def test_a_second_call_crams_nothing_that_is_done(tmp_path, monkeypatch):
     called.clear()
     crams.run(transfer.wanted(configs, SEEDS_AT))
     assert called == ["trial 1|30x|1"]
-    table = transfer.cells(crams, configs, SEEDS_AT)
+    table = analysis.cells(crams, configs, SEEDS_AT)
     assert (len(table["trial 1"][30.0].by_seed), len(table["trial 2"][30.0].by_seed)) == (2, 1)
     text = transfer.report(configs, table, Budget.parse("2e12flops"), MULTIPLES, SEEDS_AT, {}, resamples=20)
     assert text.startswith("# Transfer: 1x = 2e12flops; seeds at 1x: 3, 3x: 3, 10x: 3, 30x: 1; trial 1 at 30x: 2\n")
@@ -295,9 +293,9 @@ def test_a_cram_table_gives_its_best_architectures_by_mean_over_seeds_hand_desig
     chosen, train, budget = transfer.table_candidates(str(path), 2)
     assert [(name, arch["hidden"]) for name, arch in chosen] == [("design:2", 96), ("design:1", 64)]
     assert budget == "2e12flops" and train["lr"] > 0  # the CPU profile's trial settings
-    with pytest.raises(transfer.UsageError, match="--table .*: 2 architectures besides the hand designs, fewer than --top 3"):
+    with pytest.raises(UsageError, match="--table .*: 2 architectures besides the hand designs, fewer than --top 3"):
         transfer.table_candidates(str(path), 3)
-    with pytest.raises(transfer.UsageError, match="--table: .*none.csv does not exist"):
+    with pytest.raises(UsageError, match="--table: .*none.csv does not exist"):
         transfer.table_candidates(str(tmp_path / "none.csv"), 1)
 
 
@@ -328,7 +326,7 @@ def test_run_configs_are_candidates_named_by_their_files_with_their_own_training
     chosen = transfer.config_candidates(f"{a}, {b}")
     assert [(name, arch["hidden"], train["lr"]) for name, arch, train in chosen] == [("winner-a", 64, 1e-3),
                                                                                      ("winner-b", 32, 2e-3)]
-    with pytest.raises(transfer.UsageError, match="--configs: one or more YAML files with different names"):
+    with pytest.raises(UsageError, match="--configs: one or more YAML files with different names"):
         transfer.config_candidates(f"{a},{a}")
 
     out = tmp_path / "out"
@@ -368,14 +366,28 @@ def test_a_replayed_ladder_promotes_the_best_third_and_picks_at_its_highest_rung
               "d": seeds(4.3, 3.8, 3.6, 3.5), "e": seeds(4.4, 3.85, 3.7, 3.6), "f": seeds(4.5, 3.95, 3.75, 3.65)}
     _, table = made_up(tmp_path, curves)
     names = list(curves)
+    budget = Budget.parse("2e12flops")  # the 1x budget the rungs are multiples of
     # 6 candidates at 3x, 2 (c, b) up to 10x, where b is better; 1 up to 30x: b
-    assert transfer.replayed_ladder(table, names, (3.0, 10.0, 30.0), eta=3) == "b"
+    assert analysis.replayed_ladder(table, names, (3.0, 10.0, 30.0), eta=3, budget=budget) == "b"
     # eta 6: only c, the best at 3x, goes up, and is the pick though b would have been better
-    assert transfer.replayed_ladder(table, names, (3.0, 10.0, 30.0), eta=6) == "c"
-    assert transfer.replayed_ladder(table, names, (1.0,), eta=3) == "a"
+    assert analysis.replayed_ladder(table, names, (3.0, 10.0, 30.0), eta=6, budget=budget) == "c"
+    assert analysis.replayed_ladder(table, names, (1.0,), eta=3, budget=budget) == "a"
     del table["b"][30.0]  # the rung above is not crammed yet: the pick is the best at the highest reached
-    assert transfer.replayed_ladder(table, names, (3.0, 10.0, 30.0), eta=3) == "b"
-    assert transfer.replayed_ladder({n: {} for n in names}, names, (3.0,), eta=3) is None
+    assert analysis.replayed_ladder(table, names, (3.0, 10.0, 30.0), eta=3, budget=budget) == "b"
+    assert analysis.replayed_ladder({n: {} for n in names}, names, (3.0,), eta=3, budget=budget) is None
+
+
+def test_the_replayed_ladder_promotes_as_the_ladder_does(tmp_path, monkeypatch):
+    """The replay calls search.analysis.ladder's promotion: a ladder that promoted every candidate
+    would make the best at the last rung its pick, and so does the replay."""
+    from search.analysis import ladder
+
+    curves = {"a": seeds(4.0, 3.9, 3.8, 3.7), "b": seeds(4.1, 3.6, 3.3, 3.0), "c": seeds(4.2, 3.5, 3.4, 3.2)}
+    _, table = made_up(tmp_path, curves)
+    budget = Budget.parse("2e12flops")
+    assert analysis.replayed_ladder(table, list(curves), (3.0, 10.0, 30.0), eta=3, budget=budget) == "c"  # c alone up
+    monkeypatch.setattr(ladder, "promote", lambda standings, objective, eta: [s.candidate for s in standings])
+    assert analysis.replayed_ladder(table, list(curves), (3.0, 10.0, 30.0), eta=3, budget=budget) == "b"
 
 
 def test_the_replayed_ladder_pick_is_reported_against_the_1x_winner(tmp_path, monkeypatch):
@@ -394,10 +406,10 @@ def test_the_replayed_ladder_pick_is_reported_against_the_1x_winner(tmp_path, mo
     assert "wb (the ladder's pick) at 30x: 3.000" in text
     assert "- against the 1x winner, wa (3.700 at 30x): pick - wa -0.700" in text
     assert "note: the ladder's pick: replayed over rungs 3x, 10x, 30x, eta 3" in text
-    table = {"wa": {1.0: transfer.Cell({0: 3.0}, 5.8, CONTEXT, "1x32")}, "wb": transfer.cells(
+    table = {"wa": {1.0: analysis.Cell({0: 3.0}, 5.8, CONTEXT, "1x32")}, "wb": analysis.cells(
         cram_store.Crams(out, "data", None, Budget.parse("2e12flops"), 1),
         [transfer.Configuration.fixed("wb", "candidate", ARCH, {}, MULTIPLES)], SEEDS_AT)["wb"]}
-    lines = transfer.ladder_pick_lines(table, "wb", ["wa", "wb"], [], [], MULTIPLES)  # the 1x winner never got to 30x
+    lines = analysis.ladder_pick_lines(table, "wb", ["wa", "wb"], [], [], MULTIPLES)  # the 1x winner never got to 30x
     assert "- against the 1x winner, wa: no 30x cram" in lines
     # wb's design at another size is ranked, but is no candidate of the ladder: wa stays the pick
     wide = write_config(tmp_path / "wa-wide.yaml", 128, 1e-3)
@@ -428,12 +440,12 @@ def test_one_design_at_three_sizes_gets_a_size_fit_with_each_budget_held_out(tmp
                for size, arch in family.items()]
     configs.append(transfer.Configuration.fixed("other", "hand design", family["1x64"].replace(ffn_kind="gelu").to_dict(),
                                                 {}, MULTIPLES))
-    assert list(transfer.size_families(configs, MULTIPLES)) == ["d-1x32"]  # "other" is another design
-    assert transfer.size_families(configs[:2] + configs[4:], MULTIPLES) == {}  # two sizes fit nothing
+    assert list(analysis.size_families(configs, MULTIPLES)) == ["d-1x32"]  # "other" is another design
+    assert analysis.size_families(configs[:2] + configs[4:], MULTIPLES) == {}  # two sizes fit nothing
 
     crams = cram_store.Crams(tmp_path, "data", None, Budget.parse("2e12flops"), jobs=1)
     seeds_at = dict.fromkeys(MULTIPLES, 1)
-    table = transfer.cells(crams, configs, seeds_at)
+    table = analysis.cells(crams, configs, seeds_at)
     fits = transfer.size_fits(configs, table, Budget.parse("2e12flops"), MULTIPLES)
     # a hand design resized by an earlier fit: where this fit sizes it otherwise, a note says so
     fit = fits["d-1x32"][1]
@@ -441,7 +453,7 @@ def test_one_design_at_three_sizes_gets_a_size_fit_with_each_budget_held_out(tmp
     earlier = {**as_fitted, 30.0: configs[-1].archs[30.0]}  # 30x at its own 1x64
     for archs, said in ((as_fitted, []), (earlier, ["30x 2x128, not 1x64"])):
         resized = transfer.Configuration("other@sized", "resized", {}, archs, dict.fromkeys(MULTIPLES, "other@sized"))
-        notes = transfer.resized_otherwise([*configs, resized], fits, Budget.parse("2e12flops"), MULTIPLES)
+        notes = analysis.resized_otherwise([*configs, resized], fits, Budget.parse("2e12flops"), MULTIPLES)
         assert [note.split("(")[1].split(")")[0] for note in notes] == said
     assert notes[0].startswith("d-1x32's size fit written here would size other otherwise than --size-fit did")
     text = transfer.report(configs, table, Budget.parse("2e12flops"), MULTIPLES, seeds_at, fits, pick="d-1x32",
@@ -452,7 +464,7 @@ def test_one_design_at_three_sizes_gets_a_size_fit_with_each_budget_held_out(tmp
     assert "Its design at the size the fit below chooses for 30x:" in picked
     assert "d-2x128 (the ladder's pick at the fitted size) at 30x: 3.100 (n=1)" in picked
     assert "- against the 1x winner, d-1x32 (3.650 at 30x): pick - d-1x32 -0.550, noise not measured (one seed)" in picked
-    assert transfer.fitted_pick({}, "d-1x32", Budget.parse("2e12flops"), MULTIPLES) is None  # no fit, no size
+    assert analysis.fitted_pick({}, "d-1x32", Budget.parse("2e12flops"), MULTIPLES) is None  # no fit, no size
     section = text[text.index("## Size fit of d-1x32's design (1x32/1h geglu pre-norm rotary)"):]
     assert table_row(section, "1x32").split(" | ")[3] == "**4.000**"  # the lowest at 1x, in bold
     assert table_row(section, "2x128").split(" | ")[6] == "**3.100** |"
@@ -470,7 +482,7 @@ def test_one_design_at_three_sizes_gets_a_size_fit_with_each_budget_held_out(tmp
     # the fit as search.sizing writes it: search.export --target-budget reads it
     from search.sizing import load_size_fit
 
-    assert transfer.write_size_fits(tmp_path, fits, MULTIPLES) == [
+    assert analysis.write_size_fits(tmp_path, fits, MULTIPLES) == [
         f"d-1x32's size fit: {tmp_path / 'size-fit-d-1x32.json'}"]
     fit = load_size_fit(tmp_path / "size-fit-d-1x32.json")
     assert fit.exponent == pytest.approx(float(fit_exponent.group(1)), abs=1e-3) and len(fit.held_out) == 4

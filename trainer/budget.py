@@ -29,7 +29,7 @@ Cross-check against what the paper reports of the recipe: sequences of 128 token
 (9.8e9 tokens). crammed-bert's 6.2e8 FLOPs per token (trainer/configs/crammed-bert.yaml) make
 5.35e18 FLOPs 8.6e9 tokens: 524,000 micro-batches, 16,400 steps of 4096, just under that cap.
 
-The reference core's model (`ReferenceCore`, fitted by benchmarks/reference_core.py, constants
+The reference core's model (`ReferenceCore`, fitted by `python -m trainer.reference_core`, constants
 in trainer/reference_core.yaml with the CPU, date and measurements they came from): seconds per
 token = a x matmul FLOPs/token + b x elementwise FLOPs/token + c x layers + d, non-negative
 coefficients. `Budget.resolve(arch, mlm_rate)` turns `180refs` into the FLOP budget of 180 / that
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 UNITS = {"s": ("seconds", 1.0), "m": ("seconds", 60.0), "h": ("seconds", 3600.0),
          "tokens": ("tokens", 1.0), "flops": ("flops", 1.0), "refs": ("refs", 1.0)}
 REFERENCE_CORE = Path(__file__).with_name("reference_core.yaml")
-REMEASURE = "re-measure it with: python benchmarks/reference_core.py --write"
+REMEASURE = "re-measure it with: python -m trainer.reference_core --write"
 # name -> (kind, amount); the derivation of each is in the module docstring.
 NAMED_BUDGETS = {"cramming-day": ("flops", 24 * 3600 * 154.8e12 * 0.40)}
 _BUDGET = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
@@ -75,7 +75,7 @@ class BudgetError(CramnasError):
 class ReferenceCore:
     """The reference core's training speed: seconds per token as a non-negative combination of
     FEATURES (matmul FLOPs, elementwise FLOPs, layers, one), measured and fitted by
-    benchmarks/reference_core.py. Matmul FLOPs alone would make it a FLOP budget again: the
+    `python -m trainer.reference_core`. Matmul FLOPs alone would make it a FLOP budget again: the
     elementwise ops and the per-layer and per-token overheads (kernel launches, Python) are what
     make narrow models slower per FLOP."""
 

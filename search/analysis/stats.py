@@ -5,6 +5,7 @@ that search.confirm's table, the study report and the benchmarks' tables all giv
     interval([4.1, 4.3, 4.2]).text(show_n=True)         4.200 ± 0.248 (n=3)
     interval([4.1]).text()                              4.100
     paired({0: 4.1, 1: 4.3}, {0: 4.9, 1: 5.0}).text()   -0.750 ± 0.635, outside noise
+    correlation(x, y, "spearman")                       (rho, low, high): ranks and a bootstrap interval
 """
 
 from __future__ import annotations
@@ -105,3 +106,16 @@ def paired(a: Mapping | Sequence[float], b: Mapping | Sequence[float], confidenc
         differences = [x - y for x, y in zip(a, b, strict=False)]
     ci = interval(differences, confidence)
     return Difference(ci.n, ci.mean, ci.half)
+
+
+def correlation(x: Sequence[float], y: Sequence[float], kind: str, resamples: int = 5000) -> tuple[float, float, float]:
+    """Rank correlation (`kind` "spearman" or "kendall") of paired values and its percentile
+    bootstrap 95% interval, the pairs resampled (e.g. architectures); seeded, so a table repeats."""
+    import numpy as np  # scipy's bootstrap: only when a correlation is asked for
+    from scipy import stats
+
+    statistic = {"spearman": lambda a, b: stats.spearmanr(a, b)[0], "kendall": lambda a, b: stats.kendalltau(a, b)[0]}[kind]
+    point = float(statistic(x, y))
+    found = stats.bootstrap((np.asarray(x), np.asarray(y)), statistic, paired=True, vectorized=False,
+                            n_resamples=resamples, method="percentile", random_state=np.random.default_rng(0))
+    return point, float(found.confidence_interval.low), float(found.confidence_interval.high)

@@ -7,11 +7,15 @@ The rungs are `grace_reports` x `reduction_factor`^k reports, below `max_reports
 Ray derives from its `max_t`). The first time a trial's report count reaches a rung, its train loss
 is recorded there, and the trial is stopped if it is worse than the best 1/`reduction_factor` of
 the losses recorded at that rung before it (Ray's cutoff: a percentile of the negated losses,
-kept here so that ties and interpolation agree)."""
+kept here so that ties and interpolation agree).
+
+`replay` runs the rule over finished trials' curves: what other rungs would have kept and spent."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,3 +43,42 @@ class SuccessiveHalving:
             recorded[trial_id] = reward
             return cutoff is not None and bool(reward < cutoff)
         return False
+
+
+@dataclass(frozen=True)
+class Replay:
+    stopped_at: list[int | None]  # per trial, in the order given: the report it is stopped at; None: run to the end
+    budget_share: float  # the compute the rule would have spent, as a share of what the trials spent
+
+    @property
+    def kept(self) -> list[int]:
+        """The indices of the trials that run to the end."""
+        return [index for index, stop in enumerate(self.stopped_at) if stop is None]
+
+
+def replay(curves: Sequence[Mapping[int, float]], costs: Sequence[float], grace_reports: int,
+           reduction_factor: float) -> Replay:
+    """ASHA's rule replayed on finished trials (their progress curves, {report: train loss}, in
+    trial order; `costs`: the compute each spent), to judge other rungs without running a study
+    (benchmarks/default_study.py). At each rung a trial goes on while its loss there is no worse
+    than the 1/reduction_factor quantile of the losses recorded at that rung so far, itself
+    included (ray.tune.schedulers.AsyncHyperBandScheduler). A curve's last report comes before the
+    budget's end, so a trial stopped at report m of R spent m/(R+1) of its cost. The controller
+    would have drawn other trials after the first stop: this judges the rule on these trials only."""
+    reports = max(len(curve) for curve in curves)
+    # The rungs SuccessiveHalving compares at, each the first report that reaches it.
+    rungs = [math.ceil(milestone) for milestone in
+             SuccessiveHalving(grace_reports, reduction_factor, reports + 1).milestones if milestone <= reports]
+    recorded: dict[int, list[float]] = {rung: [] for rung in rungs}
+    stopped, spent, full = [], 0.0, 0.0
+    for curve, cost in zip(curves, costs, strict=True):
+        full += cost
+        stopped_at = None
+        for rung in rungs:
+            recorded[rung].append(curve[rung])
+            if curve[rung] > np.percentile(recorded[rung], 100 / reduction_factor):
+                stopped_at = rung
+                break
+        spent += cost * (stopped_at / (reports + 1) if stopped_at else 1.0)
+        stopped.append(stopped_at)
+    return Replay(stopped, spent / full)

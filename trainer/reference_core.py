@@ -1,23 +1,23 @@
-"""The reference core of `180refs` budgets (trainer/budget.py): seconds per token of ~10
-architectures spanning the CPU profile's space, on ONE thread, and the fit
+"""`python -m trainer.reference_core`: measure the reference core of `180refs` budgets
+(trainer/budget.py): seconds per token of ~10 architectures spanning the CPU profile's space, on
+ONE thread, and the fit
 
     seconds/token = a x matmul FLOPs/token + b x elementwise FLOPs/token + c x layers + d
 
 (non-negative, scipy.optimize.nnls, on relative errors so the small models weigh as much as the
 large). Prints the coefficients, each architecture's measured and predicted speed and the largest
-relative error; `--write` stores them in trainer/reference_core.yaml with the CPU, date and
-measurements they came from.
+relative error; `--write` stores them in trainer/reference_core.yaml (package data, read by every
+refs budget) with the CPU, date and measurements they came from.
 
-    python benchmarks/reference_core.py                        # measure and fit, print
-    python benchmarks/reference_core.py --write                # ... and write trainer/reference_core.yaml
-    python benchmarks/reference_core.py --archs 2 --steps 2 --repeats 1     # smoke run
+    python -m trainer.reference_core                        # measure and fit, print
+    python -m trainer.reference_core --write                # ... and write trainer/reference_core.yaml
+    python -m trainer.reference_core --archs 2 --steps 2 --repeats 1     # smoke run
 
 Each timed step is the training loop's: `trainer.loop.mlm_backward` on a micro-batch of 32 rows of
 64 random tokens (vocab 2048, 25% predicted), gradient clipping, a fused AdamW step. Architectures
 take turns within each repeat, each repeat starting at the next one, so a change in the machine's
-load hits them alike; the median over
-repeats is kept. Run it on an idle machine: a loaded core makes every model slower, and not by the
-same factor.
+load hits them alike; the median over repeats is kept. Run it on an idle machine: a loaded core
+makes every model slower, and not by the same factor.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from scipy.optimize import nnls
 from space.arch import ArchConfig
 from trainer.budget import REFERENCE_CORE, ReferenceCore
 from trainer.config import load_run_config
+from trainer.console import CliParser, one_line_on_ctrl_c
 from trainer.loop import build_optimizer, mlm_backward
 from trainer.model import CrammedBert
 
-ROOT = Path(__file__).resolve().parents[1]
-RUN_CONFIG = ROOT / "trainer" / "configs" / "crammed-bert-cpu.yaml"
+RUN_CONFIG = Path(__file__).with_name("configs") / "crammed-bert-cpu.yaml"
 SPECIALS = {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}  # ids below 5: never drawn as tokens
 
 # The CPU profile's fixed fields (space/spaces/crammed_bert_cpu.yaml) and the rest at their defaults.
@@ -148,6 +148,7 @@ def report(archs: list[ArchConfig], features: list[tuple[float, ...]], seconds: 
 
 
 def write(path: Path, coefficients: list[float], rows: list[dict], args: argparse.Namespace, mlm_rate: float) -> None:
+    """The fit as trainer/reference_core.yaml reads it (ReferenceCore.load), with what it came from."""
     record = {
         "cpu": cpu_model(), "date": datetime.date.today().isoformat(), "threads": 1,
         "torch": str(torch.__version__), "seq_len": BASE.max_seq_len, "vocab_size": BASE.vocab_size,
@@ -163,21 +164,32 @@ def write(path: Path, coefficients: list[float], rows: list[dict], args: argpars
         record = {"provisional": args.provisional, **record}
     header = ("# The reference core of `refs` budgets (trainer/budget.py): seconds per token = sum of\n"
               "# coefficient x feature (matmul FLOPs, elementwise FLOPs, layers, 1 per token), fitted by\n"
-              "# benchmarks/reference_core.py on the architectures below. Written by that script: re-run it\n"
-              "# (--write) rather than editing. Changing these changes what every refs budget means.\n")
+              "# `python -m trainer.reference_core` on the architectures below. Written by that command: re-run\n"
+              "# it (--write) rather than editing. Changing these changes what every refs budget means.\n")
     path.write_text(header + yaml.safe_dump(record, sort_keys=False, width=120))
     print(f"wrote {path}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python benchmarks/reference_core.py", description=__doc__.splitlines()[0])
+def build_parser() -> CliParser:
+    """The command line of `python -m trainer.reference_core` (docs/cli.md is generated from it: docs/gen_cli.py)."""
+    parser = CliParser(prog="python -m trainer.reference_core",
+                       description="Measure one CPU core's seconds per token on architectures spanning the CPU space "
+                                   "and fit the reference core of refs budgets; run it on an idle machine.")
     parser.add_argument("--archs", type=int, default=len(ARCHITECTURES), help="the first N architectures")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per architecture and repeat")
     parser.add_argument("--repeats", type=int, default=5, help="repeats; the median is kept")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per architecture first")
+    # The path the package reads, named as in a checkout: the help (and docs/cli.md) is the same on every machine.
     parser.add_argument("--write", nargs="?", const=str(REFERENCE_CORE), metavar="PATH",
-                        help=f"write the fit (default path: {REFERENCE_CORE.relative_to(ROOT)})")
+                        help="write the fit to PATH (without one: the package's trainer/reference_core.yaml, "
+                             "which every refs budget reads)")
     parser.add_argument("--provisional", help="a note stored as `provisional:` (e.g. 'measured under load')")
+    return parser
+
+
+@one_line_on_ctrl_c
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not 2 <= args.archs <= len(ARCHITECTURES):
         parser.error(f"--archs: between 2 and {len(ARCHITECTURES)}, got {args.archs}")

@@ -1,6 +1,6 @@
 """Transfer: how far the trial budget's ranking holds at the budget a user trains at (issue 26 §4).
 
-    CRAMNAS_CACHE=/tmp/cramnas-cache python benchmarks/transfer.py --data ../shared/data \\
+    CRAMNAS_CACHE=/tmp/cramnas-cache python -m search.transfer --data ../shared/data \\
         (--study NAME --storage sqlite:///proving-ground/optuna.db | --table benchmarks/cram_table.csv
          | --configs a.yaml,b.yaml,...) [--top 6] \\
         [--baselines crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu] [--budget 2e12flops] \\
@@ -22,7 +22,7 @@ study's trial budget), with seeds 0..k-1: k is 3, or what `--seeds-at` says (def
 for configuration NAME alone, e.g. more seeds where two are close). With
 `--size-fit` each hand design is also crammed at the size the fit picks for each multiple's budget
 (`search.sizing.resized`), as `<name>@sized`; where that is the hand design's own size, its crams
-are the hand design's. The crams are benchmarks/accounting.py's `Crams`: kept in `<out>/crams.jsonl`,
+are the hand design's. The crams are `search.analysis.crams.Crams`: kept in `<out>/crams.jsonl`,
 so a second call crams only what is missing (a kept cram of another architecture under a
 configuration's name is an error: pass another `--out`), and `--report-only` writes the tables from the crams
 there so far (a cell without crams is "-").
@@ -40,6 +40,8 @@ one design is crammed at three sizes or more, `search.sizing`'s fit of its best 
 over the mean losses: each multiple's best size, N_opt = a C^b and each budget held out in turn,
 also written as `<out>/size-fit-<name>.json` for `search.export --target-budget B --size-fit FILE`
 (a note says where it would size a hand design otherwise than the `--size-fit` its crams had).
+The cells and the tables are search/analysis/transfer.py's; the size fits are made here, since
+search.sizing is a command of this layer.
 
 Cost: 72 trial budgets of crams per configuration at the defaults (3 x 1 + 3 x 3 + 3 x 10 + 1 x 30).
 Measured on the 2-core AMD EPYC at 2e12 FLOPs per trial budget (benchmarks/RESULTS.md, "Transfer
@@ -52,34 +54,41 @@ rung for a few configurations.
 from __future__ import annotations
 
 import csv
-import json
-import math
 import statistics
 import sys
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accounting import CONFIGS, Crams
-from fidelity import correlation
-
-from search.analysis.ladder import DEFAULT_ETA
-from search.analysis.stats import Difference, interval
-from search.analysis.stats import paired as paired_difference
+from search.analysis.crams import Crams
+from search.analysis.ladder import DEFAULT_ETA, multiple_of
+from search.analysis.transfer import (
+    SIZED,
+    Cell,
+    best_lines,
+    cells,
+    configuration_table,
+    correlation_table,
+    design_of,
+    fitted_pick,
+    ladder_pick_lines,
+    replayed_ladder,
+    resized_otherwise,
+    size_families,
+    write_size_fits,
+)
+from search.base.paths import CONFIGS, PROFILES
 from search.sizing import SizingError, best_cell, fit_lines, fit_size, load_size_fit, non_embedding_params, short_count, size_name
 from search.sizing import resized as sized_run
 from space.arch import ArchConfig
 from space.errors import CramnasError, UsageError
 from trainer.budget import Budget
-from trainer.config import load_run_config
+from trainer.config import TrainConfig, load_run_config
 from trainer.console import CliParser, one_line_on_ctrl_c
-from trainer.regimes import regime
+from trainer.data_flags import CACHE_HELP
 
 MULTIPLES = "1,3,10,30"
 SEEDS = 3  # at every multiple `--seeds-at` does not name
 SEEDS_AT = {30.0: 1}  # without --seeds-at: 30x costs as much as all the others together, so one seed
-SIZED = "@sized"
-BELOW = "†"  # the mean is below the two-neighbour count model
 
 
 # ---- what is crammed -----------------------------------------------------------------------------
@@ -115,7 +124,7 @@ def resized_designs(baselines: list[Configuration], runs: dict, fit, budget: Bud
     for base in baselines:
         archs, names = {}, {}
         for m in multiples:
-            run, choice = sized_run(runs[base.name], fit, Budget.parse(f"{budget.amount * m:g}flops"))
+            run, choice = sized_run(runs[base.name], fit, multiple_of(budget, m))
             archs[m] = run.arch.to_dict()
             names[m] = base.name if archs[m] == base.archs[m] else base.name + SIZED
             if choice.warning:
@@ -130,95 +139,7 @@ def wanted(configs: list[Configuration], seeds_at: dict[float, int]) -> list[tup
             for c in configs for m in seeds_at for seed in range(c.seed_count(seeds_at, m))]
 
 
-# ---- what came of it -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Cell:
-    """One configuration at one multiple: its loss per seed and the references it is read against."""
-
-    by_seed: dict[int, float]
-    corruption_floor: float
-    context_reference: float
-    size: str
-    epochs: float | None = None  # passes over the training data, the mean over the seeds (a regime fact)
-
-    @property
-    def mean(self) -> float:
-        return statistics.mean(self.by_seed.values())
-
-    @property
-    def below_count_model(self) -> bool:
-        return self.mean < self.context_reference
-
-    def text(self, show_size: bool = False) -> str:
-        ci = interval(self.by_seed.values())
-        where = regime(ci.mean, self.corruption_floor, self.context_reference)
-        return (f"{ci.text(show_n=True)} {where}"
-                + (f" [{self.size}]" if show_size else "") + (f" {BELOW}" if self.below_count_model else ""))
-
-
-def cells(crams: Crams, configs: list[Configuration], seeds_at: dict[float, int]) -> dict[str, dict[float, Cell]]:
-    """Every configuration's cells from the crams there are; a multiple with none has no cell."""
-    table = {}
-    for config in configs:
-        table[config.name] = {}
-        for m in seeds_at:
-            keys = {s: crams.key(config.crammed_as[m], m, s) for s in range(config.seed_count(seeds_at, m))}
-            rows = {s: crams.done[key] for s, key in keys.items() if key in crams.done}
-            if rows:
-                any_row = next(iter(rows.values()))
-                epochs = [row["epochs"] for row in rows.values() if row.get("epochs") is not None]
-                table[config.name][m] = Cell({s: row["validation_loss"] for s, row in rows.items()},
-                                             any_row["corruption_floor"], any_row["context_reference"],
-                                             config.size(m),
-                                             statistics.mean(epochs) if epochs else None)
-    return table
-
-
-def best(table: dict[str, dict[float, Cell]], names, m: float) -> str | None:
-    """The configuration of `names` with the lowest mean at multiple `m`."""
-    measured = [name for name in names if m in table[name]]
-    return min(measured, key=lambda name: table[name][m].mean) if measured else None
-
-
-def replayed_ladder(table: dict[str, dict[float, Cell]], candidates: list[str], rungs, eta: int) -> str | None:
-    """The pick of `search.confirm --ladder` over these crams: every candidate at the first rung, the
-    best 1/eta by mean (`search.analysis.ladder.kept`) up each rung, the best at the highest rung reached.
-    The ladder would cram exactly these (the same models, seeds and budgets; a cram here repeats to
-    the last digit), so replaying it costs nothing; a rung not crammed yet ends the replay."""
-    from search.analysis.ladder import kept
-
-    climbing, chosen = list(candidates), None  # in the given order: of equal means the earlier goes up
-    for rung in rungs:
-        measured = sorted((n for n in climbing if rung in table[n]), key=lambda n: table[n][rung].mean)
-        if not measured:
-            break
-        chosen, climbing = measured[0], measured[:kept(len(climbing), eta)]
-    return chosen
-
-
-SIZE_FIELDS = ("layers", "hidden", "heads")  # what search.sizing.size_family changes; the rest is the design
-
-
-def design_of(arch: dict) -> str:
-    """An architecture's every field but its size, as a key."""
-    return json.dumps({k: v for k, v in arch.items() if k not in SIZE_FIELDS}, sort_keys=True)
-
-
-def size_families(configs: list[Configuration], multiples) -> dict[str, list[Configuration]]:
-    """Fixed configurations that are one design at three or more sizes (e.g. a winner and
-    `size_family` copies of it given with `--configs`), by the first one's name."""
-    groups: dict[str, list[Configuration]] = {}
-    for config in configs:
-        if config.kind != "resized":
-            groups.setdefault(design_of(config.archs[multiples[0]]), []).append(config)
-    families = {}
-    for members in groups.values():
-        sizes = {(c.archs[multiples[0]]["layers"], c.archs[multiples[0]]["hidden"]) for c in members}
-        if len(sizes) >= 3:
-            families[members[0].name] = members
-    return families
-
+# ---- the size fit: search.sizing's, over the crams' means ------------------------------------------
 
 def family_fit(family: list[Configuration], table: dict[str, dict[float, Cell]], budget: Budget, multiples):
     """The family smallest N first and search.sizing's fit of how its best size grows with compute,
@@ -250,182 +171,16 @@ def size_fit_lines(family: list[Configuration], fit, why: str | None, table: dic
     best = {round(b.budget_flops / budget.amount, 6): b for b in fit.best} if fit else {}
     for c in family:
         arch, size = c.arch(multiples[0]), c.size(multiples[0])
-        cells = [("-" if m not in table[c.name] else f"**{table[c.name][m].mean:.3f}**"
+        means = [("-" if m not in table[c.name] else f"**{table[c.name][m].mean:.3f}**"
                   if m in best and best[m].size == size else f"{table[c.name][m].mean:.3f}") for m in multiples]
-        lines.append(f"| {size} | {c.name} | {short_count(non_embedding_params(arch))} | " + " | ".join(cells) + " |")
+        lines.append(f"| {size} | {c.name} | {short_count(non_embedding_params(arch))} | " + " | ".join(means) + " |")
     if fit is None:
         return lines + ["", f"no fit yet: {why}", ""]
     lines.append("| best N | | | " + " | ".join(best_cell(best.get(m)) for m in multiples) + " |")
     return lines + ["", "N: non-embedding parameters; the mean over each cell's seeds.", "", *fit_lines(fit), ""]
 
 
-def write_size_fits(out: Path, fits: dict, multiples) -> list[str]:
-    """Each family's fit (`size_fits`) as `<out>/size-fit-<name>.json`, in search.sizing's format (for
-    `search.export --target-budget B --size-fit FILE` and this script's `--size-fit`); notes."""
-    notes = []
-    for name, (family, fit, _) in fits.items():
-        if fit is not None:
-            path = out / f"size-fit-{name}.json"
-            design = ArchConfig.from_dict(family[0].archs[multiples[0]]).describe()
-            path.write_text(json.dumps({"config": name, "design": design, **fit.to_dict()}, indent=2) + "\n")
-            notes.append(f"{name}'s size fit: {path}")
-    return notes
-
-
-def resized_otherwise(configs: list[Configuration], fits: dict, budget: Budget, multiples) -> list[str]:
-    """Where a fit this call writes would size a resized hand design otherwise than the `--size-fit`
-    its crams were sized by: a later call given the new file and this --out would be refused (the
-    same key, another architecture), so the notes say so and what to do."""
-    hands = {c.name: c for c in configs if c.kind == "hand design"}
-    notes = []
-    resized = [c for c in configs if c.kind == "resized"]
-    for name, (_, fit, _) in fits.items():
-        if fit is None:
-            continue
-        for c in resized:
-            base, moved = hands[c.name.removesuffix(SIZED)], []
-            for m in multiples:
-                had, now = c.size(m), fit.choose(base.arch(m), budget.amount * m).size
-                if now != had:
-                    moved.append(f"{m:g}x {now}, not {had}")
-            if moved:
-                notes.append(f"{name}'s size fit written here would size {base.name} otherwise than --size-fit did "
-                             f"({'; '.join(moved)}): keep --size-fit for these crams, or pass the new file with "
-                             "another --out")
-    return notes
-
-
-# ---- the tables ----------------------------------------------------------------------------------
-
-def configuration_table(configs: list[Configuration], table: dict[str, dict[float, Cell]], multiples) -> list[str]:
-    """Mean ± 95% interval, regime and the count-model mark per configuration and multiple, the
-    best at the largest multiple first."""
-    top = multiples[-1]
-    order = sorted(configs, key=lambda c: [table[c.name][m].mean if m in table[c.name] else math.inf
-                                           for m in reversed(multiples)])
-    lines = ["| configuration | kind | architecture | " + " | ".join(f"{m:g}x" for m in multiples)
-             + f" | first below the count model | epochs at {top:g}x |", "|---|---|---|" + "---|" * (len(multiples) + 2)]
-    for config in order:
-        row = table[config.name]
-        resized = config.kind == "resized"  # its size moves with the multiple: the one at the largest shown
-        design = ArchConfig.from_dict(config.archs[top if resized else multiples[0]]).describe()
-        below = next((f"{m:g}x" for m in multiples if m in row and row[m].below_count_model), "none")
-        epochs = row[top].epochs if top in row else None
-        lines.append(f"| {config.name} | {config.kind} | {design}{' (resized)' if resized else ''} | "
-                     + " | ".join(row[m].text(show_size=resized) if m in row else "-" for m in multiples)
-                     + f" | {below} | {'-' if epochs is None else f'{epochs:.1f}'} |")
-    return lines + ["", f"{BELOW}: the mean is below the two-neighbour count model; [LxH]: the size crammed at "
-                    f"that multiple (a resized design's architecture is its {top:g}x one); epochs: passes over the "
-                    f"training data (a small model repeats it more often at the same budget). Sorted by the mean at {top:g}x.",
-                    ""]
-
-
-def correlation_table(table: dict[str, dict[float, Cell]], names: list[str], multiples,
-                      resamples: int = 5000) -> list[str]:
-    """Spearman and Kendall between each multiple's means and the largest's, over the `names` that
-    have both, with bootstrap 95% intervals (configurations resampled)."""
-    top = multiples[-1]
-    lines = ["| rung | against | n | Spearman (95% CI) | Kendall (95% CI) |", "|---|---|---|---|---|"]
-    for m in multiples[:-1]:
-        both = [name for name in names if m in table[name] and top in table[name]]
-        x, y = [table[n][m].mean for n in both], [table[n][top].mean for n in both]
-        if len(both) < 3:
-            cells_ = ["too few to rank"] * 2
-        else:
-            with warnings.catch_warnings():  # a resample of one configuration repeated ranks nothing: scipy drops it
-                warnings.simplefilter("ignore")
-                found = [correlation(x, y, kind, resamples) for kind in ("spearman", "kendall")]
-            cells_ = [f"{p:.2f} " + (f"({lo:.2f} to {hi:.2f})" if math.isfinite(lo) else "(no interval: too few)")
-                      for p, lo, hi in found]
-        lines.append(f"| {m:g}x | {top:g}x | {len(both)} | {cells_[0]} | {cells_[1]} |")
-    return lines + [""]
-
-
-def paired(table: dict[str, dict[float, Cell]], a: str, b: str, multiples) -> str:
-    """b - a at the largest multiple, seed by seed, its 95% interval and whether that is outside
-    noise. With one common seed there, the noise is the seed spread of the same difference at the
-    largest multiple below with two or more (a single difference's 95% prediction interval): the
-    largest multiple defaults to one seed because it costs as much as all the others together."""
-    from scipy import stats
-
-    losses = lambda name, m: table[name][m].by_seed if m in table[name] else {}
-    at = lambda m: paired_difference(losses(b, m), losses(a, m))
-    top = multiples[-1]
-    difference = at(top)
-    if not difference.n:
-        return "no common seed measured"
-    if difference.has_interval:
-        return f"{difference.text()} (paired by seed, n={difference.n})"
-    lower = next((m for m in reversed(multiples[:-1]) if at(m).n >= 2), None)
-    if lower is None:
-        return difference.text()
-    seed = min(losses(a, top).keys() & losses(b, top).keys())
-    spread = [losses(b, lower)[s] - losses(a, lower)[s] for s in sorted(losses(a, lower).keys() & losses(b, lower).keys())]
-    half = float(stats.t.ppf(0.975, len(spread) - 1) * statistics.stdev(spread) * math.sqrt(1 + 1 / len(spread)))
-    return (f"{Difference(1, difference.mean, half).text()} "
-            f"(seed {seed}; noise: the seed spread of this difference at {lower:g}x, n={len(spread)})")
-
-
-def best_lines(table: dict[str, dict[float, Cell]], names: list[str], multiples, resized: list[str] = ()) -> list[str]:
-    """Which fixed configuration is best at 1x and at the largest multiple, whether they are the
-    same, and where the 1x best ranks at the largest; and a resized hand design that is better
-    there still (it has no 1x of its own size, so it is not ranked, but it is what the best is up against)."""
-    low, top = multiples[0], multiples[-1]
-    first, last = best(table, names, low), best(table, names, top)
-    if first is None or last is None:
-        return [f"best at {low:g}x or {top:g}x: not measured yet", ""]
-    line = (f"best at {low:g}x: {first} ({table[first][low].mean:.3f}); best at {top:g}x: {last} "
-            f"({table[last][top].mean:.3f}): ")
-    if first == last:
-        line += "the same configuration"
-    else:
-        ranked = sorted((n for n in names if top in table[n]), key=lambda n: table[n][top].mean)
-        rank = f"{ranked.index(first) + 1} of {len(ranked)}" if first in ranked else "not measured"
-        line += f"not the same; {first} is {rank} at {top:g}x, behind {last} by {paired(table, last, first, multiples)}"
-    lines = [line]
-    better = best(table, resized, top)
-    if better is not None and table[better][top].mean < table[last][top].mean:
-        lines.append(f"a resized hand design is lower at {top:g}x: {better} ({table[better][top].mean:.3f}); "
-                     f"{last} - {better} {paired(table, better, last, multiples)}")
-    return lines + [""]
-
-
-def ladder_pick_lines(table: dict[str, dict[float, Cell]], pick: str, candidates: list[str], hands: list[str],
-                      resized: list[str], multiples, what: str = "the ladder's pick") -> list[str]:
-    """The ladder's pick at the largest multiple against the 1x winner and the best hand design, as
-    designed and, where there are resized ones, resized: which hand design is best is read at the
-    largest multiple itself, the hand designs' most favourable reading."""
-    top = multiples[-1]
-    if top not in table[pick]:
-        return [f"{pick} ({what}) has no {top:g}x cram yet", ""]
-    lines = [f"{pick} ({what}) at {top:g}x: {table[pick][top].text()}"]
-    others = [(f"the {multiples[0]:g}x winner", best(table, candidates, multiples[0])),
-              (f"the best hand design at {top:g}x", best(table, hands, top))]
-    if resized:
-        others.append((f"the best resized hand design at {top:g}x", best(table, resized, top)))
-    for label, other in others:
-        if other is None:
-            lines.append(f"- against {label}: not measured")
-        elif other == pick:
-            lines.append(f"- against {label}: it is {label}")
-        elif top not in table[other]:
-            lines.append(f"- against {label}, {other}: no {top:g}x cram")
-        else:
-            lines.append(f"- against {label}, {other} ({table[other][top].mean:.3f} at {top:g}x): pick - {other} "
-                         f"{paired(table, other, pick, multiples)}")
-    return lines + [""]
-
-
-def fitted_pick(fits: dict, pick: str, budget: Budget, multiples) -> str | None:
-    """The configuration of the pick's design at the size its family's fit chooses for the largest
-    multiple's budget (what `search.export --target-budget` writes of the pick), where one is given."""
-    for family, fit, _ in fits.values():
-        members = {config.name: config for config in family}
-        if pick in members and fit is not None:
-            choice = fit.choose(members[pick].arch(multiples[0]), budget.amount * multiples[-1])
-            return next((c.name for c in family if c.size(multiples[0]) == choice.size), None)
-    return None
-
+# ---- the report ----------------------------------------------------------------------------------
 
 def report(configs: list[Configuration], table: dict[str, dict[float, Cell]], budget: Budget, multiples,
            seeds_at: dict[float, int], fits: dict, pick: str | None = None, notes: list[str] = (),
@@ -524,8 +279,7 @@ def study_candidates(storage, study_name: str, top: int, pick: int | None) -> tu
 def table_candidates(path: str, top: int) -> tuple[list[tuple[str, dict]], dict, str]:
     """The `top` architectures of a cram table by mean loss (hand designs left out) as (source,
     arch), the CPU profile's trial settings the table was crammed with, and the table's budget."""
-    from fidelity import profile_setup
-    from surrogate import read_crams
+    from search.analysis.cram_table import read_crams
 
     if not Path(path).is_file():
         raise UsageError(f"--table: {path} does not exist; write e.g. --table benchmarks/cram_table.csv")
@@ -541,8 +295,17 @@ def table_candidates(path: str, top: int) -> tuple[list[tuple[str, dict]], dict,
         budgets = {row["budget"] for row in csv.DictReader(file)}
     if len(budgets) != 1:
         raise UsageError(f"--table {path}: crams at {len(budgets)} budgets; a transfer starts from one")
-    _, train, _ = profile_setup("cpu")
-    return [(rows[0].source, rows[0].config.to_dict()) for rows in ranked], train.to_dict(), budgets.pop()
+    return [(rows[0].source, rows[0].config.to_dict()) for rows in ranked], cpu_trial_settings(), budgets.pop()
+
+
+def cpu_trial_settings() -> dict:
+    """The CPU profile's trial settings, what benchmarks/cram_table.py crams with: its run config's
+    training settings under the profile's own."""
+    from search.run import load_profile
+
+    profile = load_profile(PROFILES / "cpu.yaml")
+    run = load_run_config(CONFIGS / profile["run_config"])
+    return TrainConfig.from_dict({**run.train.to_dict(), **profile.get("train", {})}).to_dict()
 
 
 def config_candidates(paths: str) -> list[tuple[str, dict, dict]]:
@@ -558,19 +321,21 @@ def config_candidates(paths: str) -> list[tuple[str, dict, dict]]:
     return chosen
 
 
-def parse_arguments(argv: list[str] | None) -> object:
-    parser = CliParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True)
+def build_parser() -> CliParser:
+    """The command line of `python -m search.transfer` (docs/cli.md is generated from it: docs/gen_cli.py)."""
+    parser = CliParser(prog="python -m search.transfer", description=__doc__)
+    parser.add_argument("--data", required=True, help="local data directory the crams train on, e.g. ../shared/data")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--study", help="the study whose best trials are the candidates (with --storage)")
     source.add_argument("--table", help="a benchmarks/cram_table.py table whose best architectures are the candidates")
     source.add_argument("--configs", help="run configs (YAML, e.g. search.export's of several studies) that are the "
                         "candidates, comma-separated, each named by its file's stem")
     parser.add_argument("--storage", help="the study's Optuna storage, e.g. sqlite:///optuna.db")
-    parser.add_argument("--top", type=int, default=6, help="the study's best complete trials to follow (6 or more)")
-    parser.add_argument("--baselines", default="crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu")
-    parser.add_argument("--budget", help="the 1x budget (default: the study's trial budget)")
-    parser.add_argument("--multiples", default=MULTIPLES)
+    parser.add_argument("--top", type=int, default=6, help="the study's (or the table's) best to follow")
+    parser.add_argument("--baselines", default="crammed-bert-cpu,neobert-cpu,modernbert-cpu,sized-cpu",
+                        help="hand designs crammed beside the candidates, comma-separated names of trainer/configs/")
+    parser.add_argument("--budget", help="the 1x budget (default: the study's or the table's, else 2e12flops)")
+    parser.add_argument("--multiples", default=MULTIPLES, help="the multiples of the 1x budget crammed, increasing")
     parser.add_argument("--seeds-at", help=f"seeds per multiple where not {SEEDS}, e.g. 30x=1 (the default); "
                         "NAME:30x=2 for configuration NAME alone")
     parser.add_argument("--size-fit", help="a search.sizing size-fit.json: the hand designs also resized")
@@ -579,11 +344,16 @@ def parse_arguments(argv: list[str] | None) -> object:
     ladder.add_argument("--ladder", help="the rungs (multiples, e.g. 3,10,30) of a ladder replayed over these "
                         "crams: its pick, without running search.confirm")
     parser.add_argument("--eta", type=int, default=DEFAULT_ETA, help="with --ladder: the best 1/eta go up")
-    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=2, help="crams at once, each on cpus // jobs threads")
     parser.add_argument("--report-only", action="store_true",
                         help="cram nothing: the tables from the crams in --out so far (e.g. while a call runs)")
-    parser.add_argument("--cache-dir")
-    parser.add_argument("--out", default="transfer")
+    parser.add_argument("--cache-dir", help=CACHE_HELP)
+    parser.add_argument("--out", default="transfer", help="where crams.jsonl, transfer.md and the size fits go")
+    return parser
+
+
+def parse_arguments(argv: list[str] | None) -> object:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.top < 1 or args.jobs < 1 or args.eta < 2:
         parser.error("--top and --jobs: 1 or more; --eta: 2 or more")
@@ -617,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     table = cells(crams, configs, seeds_at)
     if rungs:
         candidates = [c.name for c in configs if c.kind == "candidate"]
-        pick = replayed_ladder(table, candidates, rungs, args.eta)
+        pick = replayed_ladder(table, candidates, rungs, args.eta, budget)
         notes = [*notes, f"the ladder's pick: replayed over rungs {', '.join(f'{m:g}x' for m in rungs)}, eta {args.eta}"]
     fits = size_fits(configs, table, budget, multiples)
     notes = [*notes, *write_size_fits(out, fits, multiples), *resized_otherwise(configs, fits, budget, multiples)]
