@@ -24,7 +24,7 @@ from pathlib import Path
 
 from search.analysis.crams import UNIT, Cram, CramStore, cram_job, worker_job
 from search.analysis.stats import correlation
-from search.run import CONFIGS, PROFILES, SPACES, load_profile
+from search.run import CONFIGS, PROFILES, SPACES, load_profile, trial_train
 from space.arch import ArchConfig
 from space.search_space import load_space
 from trainer.budget import Budget
@@ -35,9 +35,7 @@ def profile_setup(name: str) -> tuple[dict, TrainConfig, object]:
     """The profile, the trials' training settings (run config + profile overrides) and its run config."""
     path = PROFILES / f"{name}.yaml"
     profile = load_profile(path)
-    run = load_run_config(CONFIGS / profile["run_config"])
-    train = TrainConfig.from_dict({**run.train.to_dict(), **profile.get("train", {})})
-    return profile, train, run
+    return profile, trial_train(profile, path), load_run_config(CONFIGS / profile["run_config"])
 
 
 def draw_architectures(profile: dict, count: int, seed: int) -> list[tuple[str, dict]]:

@@ -106,6 +106,14 @@ def _beside(profile: Path, name: str, default_dir: Path) -> Path:
     return local if local.is_file() else default_dir / name
 
 
+def trial_train(profile: dict[str, Any], profile_path: Path) -> TrainConfig:
+    """The training settings every trial of a profile runs: its run config's, under the profile's own `train`."""
+    from trainer.config import TrainConfig, load_run_config
+
+    run = load_run_config(_beside(profile_path, profile["run_config"], CONFIGS))
+    return TrainConfig.from_dict({**run.train.to_dict(), **profile.get("train", {})}, where=f"{profile_path.name}: train")
+
+
 def default_profile() -> str:
     import torch
 
@@ -245,7 +253,6 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
     from search.study.warm_start import parse_spec
     from space import load_space
     from trainer.budget import Budget
-    from trainer.config import TrainConfig, load_run_config
 
     if args.trials < 1:
         raise UsageError(f"--trials: must be at least 1, got {args.trials}")
@@ -280,8 +287,7 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
     controllers.make_sampler(args.controller, args.objective, space, args.seed)  # controller x objective fit
     parse_spec(args.warm_start)
     budget = Budget.parse(args.budget or profile["budget"])
-    train = TrainConfig.from_dict({**load_run_config(_beside(profile_path, profile["run_config"], CONFIGS)).train.to_dict(),
-                                   **profile.get("train", {})}, where=f"{profile_path.name}: train")
+    train = trial_train(profile, profile_path)
     resources = {"cpu": args.cpus_per_trial if args.cpus_per_trial is not None else profile["resources"]["cpus_per_trial"],
                  "gpu": args.gpus_per_trial if args.gpus_per_trial is not None else profile["resources"]["gpus_per_trial"]}
     if resources["cpu"] == "auto":  # an estimate prices this machine's trials, even with --address

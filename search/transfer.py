@@ -82,7 +82,7 @@ from search.sizing import resized as sized_run
 from space.arch import ArchConfig
 from space.errors import CramnasError, UsageError
 from trainer.budget import Budget
-from trainer.config import TrainConfig, load_run_config
+from trainer.config import load_run_config
 from trainer.console import CliParser, one_line_on_ctrl_c
 from trainer.data_flags import CACHE_HELP
 
@@ -301,11 +301,9 @@ def table_candidates(path: str, top: int) -> tuple[list[tuple[str, dict]], dict,
 def cpu_trial_settings() -> dict:
     """The CPU profile's trial settings, what benchmarks/cram_table.py crams with: its run config's
     training settings under the profile's own."""
-    from search.run import load_profile
+    from search.run import load_profile, trial_train
 
-    profile = load_profile(PROFILES / "cpu.yaml")
-    run = load_run_config(CONFIGS / profile["run_config"])
-    return TrainConfig.from_dict({**run.train.to_dict(), **profile.get("train", {})}).to_dict()
+    return trial_train(load_profile(PROFILES / "cpu.yaml"), PROFILES / "cpu.yaml").to_dict()
 
 
 def config_candidates(paths: str) -> list[tuple[str, dict, dict]]:
