@@ -249,9 +249,10 @@ def multiple_text(multiple: float | None, ladder: dict[float, float]) -> str:
 
 def confirmation_table(all_rows: dict[str, list[dict]], budget: str = "2e12flops") -> str:
     ladder_rows = read(CRAMS / f"{BASELINE}-ladder.csv") if (CRAMS / f"{BASELINE}-ladder.csv").is_file() else []
-    # The baseline is crammed once per seed: its runs are the same cram whichever study confirmed them.
     confirmed = {name: read(CRAMS / f"{name}-confirm.csv") for name in all_rows if (CRAMS / f"{name}-confirm.csv").is_file()}
-    theirs = {seed: loss for runs in confirmed.values() for seed, loss in seeds(runs, BASELINE, budget).items()}
+    # The baseline is crammed once per seed: its runs are the same cram whichever study confirmed them.
+    theirs = {seed: loss for path in sorted(CRAMS.glob("*-confirm.csv"))
+              for seed, loss in seeds(read(path), BASELINE, budget).items()}
     lines = [f"| study | winner | winner, 3 fresh seeds | {BASELINE}, same seeds | paired (winner - {BASELINE}) | "
              f"{BASELINE}'s compute for the winner's loss | search FLOPs in final runs | payback (final runs) |",
              "|---|---|---|---|---|---|---|---|"]

@@ -44,3 +44,9 @@ def test_the_results_tables_come_from_the_stored_crams_alone(tmp_path):
     # The compute-equivalent multiple, interpolated in log-compute or past sized-cpu's ladder, and
     # the payback it implies (a bound past the ladder).
     assert "| more than 4x | 34.0 | under 11.3 |" in out.stdout and "| 2.6x | 35.0 | 21.9 |" in out.stdout
+    # The studies run with --early-stop: the FLOPs of their stopped trials counted as far as they ran.
+    assert "### With --early-stop" in out.stdout and "| early-s0 | 9 of 32 | 23 (2: 10, 4: 8, 8: 5) |" in out.stdout
+    # RESULTS shows these very tables: every row the report prints is there as printed.
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    missing = [line for line in out.stdout.splitlines() if line.startswith("|") and line not in results]
+    assert not missing, f"RESULTS.md lacks {len(missing)} rows of the report, e.g. {missing[0]}"
