@@ -60,25 +60,17 @@ def replay(curves: Sequence[Mapping[int, float]], costs: Sequence[float], grace_
            reduction_factor: float) -> Replay:
     """ASHA's rule replayed on finished trials (their progress curves, {report: train loss}, in
     trial order; `costs`: the compute each spent), to judge other rungs without running a study
-    (benchmarks/default_study.py). At each rung a trial goes on while its loss there is no worse
-    than the 1/reduction_factor quantile of the losses recorded at that rung so far, itself
-    included (ray.tune.schedulers.AsyncHyperBandScheduler). A curve's last report comes before the
-    budget's end, so a trial stopped at report m of R spent m/(R+1) of its cost. The controller
+    (benchmarks/default_study.py): each trial's reports go, in order, through the very
+    `SuccessiveHalving` that the local executor stops trials with. A curve's last report comes before
+    the budget's end, so a trial stopped at report m of R spent m/(R+1) of its cost. The controller
     would have drawn other trials after the first stop: this judges the rule on these trials only."""
     reports = max(len(curve) for curve in curves)
-    # The rungs SuccessiveHalving compares at, each the first report that reaches it.
-    rungs = [math.ceil(milestone) for milestone in
-             SuccessiveHalving(grace_reports, reduction_factor, reports + 1).milestones if milestone <= reports]
-    recorded: dict[int, list[float]] = {rung: [] for rung in rungs}
-    stopped, spent, full = [], 0.0, 0.0
-    for curve, cost in zip(curves, costs, strict=True):
-        full += cost
-        stopped_at = None
-        for rung in rungs:
-            recorded[rung].append(curve[rung])
-            if curve[rung] > np.percentile(recorded[rung], 100 / reduction_factor):
-                stopped_at = rung
-                break
+    rule = SuccessiveHalving(grace_reports, reduction_factor, reports + 1)
+    stopped: list[int | None] = []
+    spent = 0.0
+    for index, (curve, cost) in enumerate(zip(curves, costs, strict=True)):
+        stopped_at = next((report for report in sorted(curve) if rule.should_stop(str(index), report, curve[report])),
+                          None)
         spent += cost * (stopped_at / (reports + 1) if stopped_at else 1.0)
         stopped.append(stopped_at)
-    return Replay(stopped, spent / full)
+    return Replay(stopped, spent / sum(costs))
