@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from search.study.asha import SuccessiveHalving
 from space.arch import yaml_number_hint
 from space.errors import UsageError
 from trainer.budget import Budget
@@ -121,11 +122,11 @@ def progress_reports(report_every: float) -> int:
     return math.ceil(1 / report_every - 1e-9)
 
 
-def asha_rungs(grace: int, reduction_factor: float, max_t: int) -> list[int]:
+def asha_rungs(grace: int, reduction_factor: float, max_t: float) -> list[int]:
     """The iterations at which Ray's ASHAScheduler (one bracket) compares trials, lowest first:
-    grace x rf^k while below max_t, as `ray.tune.schedulers.async_hyperband._Bracket` builds them."""
-    count = int(math.log(max_t / grace) / math.log(reduction_factor) + 1)
-    return [round(grace * reduction_factor**k) for k in range(count)]
+    the milestones of the local executor's `SuccessiveHalving`, which builds them as
+    `ray.tune.schedulers.async_hyperband._Bracket` does (grace x rf^k while below max_t)."""
+    return [round(milestone) for milestone in SuccessiveHalving(grace, reduction_factor, max_t).milestones]
 
 
 def asha_shares(rungs: list[int], reports: int, reduction_factor: float) -> tuple[float, float]:
