@@ -99,6 +99,32 @@ def test_a_stopped_trial_is_told_the_final_its_peers_predict():
     assert imputed_finals(trials) == {3: pytest.approx(8.8)}
 
 
+def test_a_stopped_trial_shown_late_takes_out_the_parameters_it_lacks():
+    """A trial stopped before a later one completed is shown to the GP only once its final can be
+    imputed; the GP's cached intersection of parameters had passed it by and still held one the
+    trial never drew (here `y`, as `final_norm` under post-norm), which the GP then failed to read
+    (KeyError in `search.run --early-stop`). The wrapper's search space leaves such a parameter out."""
+    x, y, kind = (optuna.distributions.FloatDistribution(0, 1), optuna.distributions.FloatDistribution(0, 1),
+                  optuna.distributions.CategoricalDistribution(["a", "b"]))
+
+    def trial(state, params, curve, value=None):
+        return create_trial(state=state, value=value, params=params,
+                            distributions={name: {"x": x, "y": y, "kind": kind}[name] for name in params},
+                            user_attrs={attrs.INTERMEDIATE: [[step, loss] for step, loss in curve.items()]})
+
+    study = optuna.create_study(sampler=SeesStoppedTrials(optuna.samplers.GPSampler(seed=0, n_startup_trials=2)))
+    study.add_trial(trial(TrialState.COMPLETE, {"x": 0.1, "kind": "a", "y": 0.3}, {1: 6.0, 2: 5.0}, 5.0))
+    study.add_trial(trial(TrialState.PRUNED, {"x": 0.9, "kind": "b"}, {1: 6.5}))  # stopped; no `y`
+    study.add_trial(trial(TrialState.COMPLETE, {"x": 0.4, "kind": "a", "y": 0.7}, {1: 6.2, 2: 5.3}, 5.3))
+    drawn = study.ask()  # two complete trials: the stopped one cannot be imputed yet, and is not shown
+    drawn.suggest_float("x", 0, 1), drawn.suggest_categorical("kind", ["a", "b"]), drawn.suggest_float("y", 0, 1)
+    study.tell(drawn, 5.1)
+    study.add_trial(trial(TrialState.COMPLETE, {"x": 0.6, "kind": "a", "y": 0.5}, {1: 6.1, 2: 5.2}, 5.2))
+    assert 1 in imputed_finals(study.trials)  # now it can: the GP is shown it as complete
+    asked = study.ask()
+    assert "y" not in study.sampler.infer_relative_search_space(study, asked._cached_frozen_trial)
+
+
 def test_the_wrapper_is_only_for_controllers_that_drop_stopped_trials():
     space = load_space(default_space_path("cpu"))
     assert isinstance(make_sampler("gp", "mlm", space, 0, early_stop=True), SeesStoppedTrials)

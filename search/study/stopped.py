@@ -26,6 +26,7 @@ from typing import Any
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
+from optuna.search_space import intersection_search_space
 from optuna.trial import FrozenTrial, TrialState
 
 from search.base import attrs
@@ -116,7 +117,15 @@ class SeesStoppedTrials(BaseSampler):
         self.sampler.reseed_rng()
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        return self.sampler.infer_relative_search_space(_StudyWithStoppedTrials(study), trial)
+        shown = _StudyWithStoppedTrials(study)
+        space = self.sampler.infer_relative_search_space(shown, trial)
+        # Optuna's samplers cache the intersection of their trials' parameters by trial number. A
+        # trial stopped before a later one completed is shown only once its final can be imputed, so
+        # the cache has passed it by and may keep a parameter it never drew (final_norm, under
+        # post-norm), which GP and CMA-ES then fail to read. The intersection over the trials shown
+        # now, recomputed, leaves such parameters out.
+        shared = intersection_search_space(shown.get_trials(deepcopy=False))
+        return {name: distribution for name, distribution in space.items() if shared.get(name) == distribution}
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
