@@ -182,8 +182,10 @@ def replay_table(all_rows: dict[str, list[dict]]) -> str:
         cells = []
         for grace, factor in REPLAYED:
             replay = asha_replay(rows, grace, factor)
-            kept = "best kept" if replay["keeps_best"] else f"best lost (kept {float(replay['best_kept']['validation_loss']):.3f})"
-            cells.append(f"{replay['kept']} of {replay['trials']} run to the end, {kept}, {replay['flops_share']:.0%} of the FLOPs")
+            kept = ("best kept" if replay["keeps_best"]
+                    else f"best lost (kept {float(replay['best_kept']['validation_loss']):.3f})")
+            cells.append(f"{replay['kept']} of {replay['trials']} run to the end, {kept}, "
+                         f"{replay['flops_share']:.0%} of the FLOPs")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -197,6 +199,16 @@ def described(rows: list[dict]) -> str:
 
     sizes = {(arch["layers"], arch["hidden"]) for arch in archs}
     return f"{len(sizes)} layers x hidden sizes, {count('position')}, {count('norm_placement')}, {count('ffn_kind')}"
+
+
+def named(row: dict) -> str:
+    """A trial as the tables name it: its number, architecture and, from the first draw, what it was."""
+    return f"{row['trial']} {row['architecture']}" + (f" ({row['first_draw']})" if row["first_draw"] else "")
+
+
+def beating(own: list[dict], baseline: float) -> str:
+    """How many of the controller's own trials end 0.1 nats or more below the baseline's loss."""
+    return f"{sum(float(row['validation_loss']) < baseline - 0.1 for row in own)} of {len(own)}"
 
 
 def asha_replay(rows: list[dict], grace: int, factor: int) -> dict:
@@ -226,12 +238,12 @@ def study_table(all_rows: dict[str, list[dict]]) -> str:
         flops = sum(float(row["tokens"]) * float(row["flops_per_token"]) for row in done)
         replay = asha_replay(rows, ASHA["grace_reports"], ASHA["reduction_factor"])
         best_first, best_own = (min(group, key=lambda row: float(row["validation_loss"])) for group in (first, own))
+        kept = "yes" if replay["keeps_best"] else f"no: best kept {float(replay['best_kept']['validation_loss']):.3f}"
         lines.append(
-            f"| {name} | {len(done)} | {best['trial']} {best['architecture']}{' (' + best['first_draw'] + ')' if best['first_draw'] else ''} "
-            f"| {float(best['validation_loss']):.3f} | {float(best_first['validation_loss']):.3f} ({best_first['first_draw']}) "
-            f"| {float(best_own['validation_loss']):.3f} | {sum(float(row['validation_loss']) < baseline - 0.1 for row in own)} of {len(own)} "
-            f"| {flops:.3g} | {replay['kept']} of {replay['trials']}, {'yes' if replay['keeps_best'] else 'no: best kept ' + format(float(replay['best_kept']['validation_loss']), '.3f')}, "
-            f"{replay['flops_share']:.0%} |")
+            f"| {name} | {len(done)} | {named(best)} | {float(best['validation_loss']):.3f} "
+            f"| {float(best_first['validation_loss']):.3f} ({best_first['first_draw']}) "
+            f"| {float(best_own['validation_loss']):.3f} | {beating(own, baseline)} "
+            f"| {flops:.3g} | {replay['kept']} of {replay['trials']}, {kept}, {replay['flops_share']:.0%} |")
     return "\n".join(lines)
 
 
@@ -312,10 +324,33 @@ def early_table(all_rows: dict[str, list[dict]]) -> str:
         lines.append(
             f"| {name} | {len(done)} of {len(done) + len(cut)} | {len(cut)} ("
             + ", ".join(f"{report}: {at[report]}" for report in sorted(at)) + ") "
-            f"| {best['trial']} {best['architecture']}{' (' + best['first_draw'] + ')' if best['first_draw'] else ''} "
-            f"| {loss(best)} | {loss(best_first)}{' (' + best_first['first_draw'] + ')' if best_first else ''} "
-            f"| {loss(best_own)} | {sum(float(row['validation_loss']) < baseline - 0.1 for row in own)} of {len(own)} "
+            f"| {named(best)} | {loss(best)} | {loss(best_first)}{' (' + best_first['first_draw'] + ')' if best_first else ''} "
+            f"| {loss(best_own)} | {beating(own, baseline)} "
             f"| {spent_flops(rows):.3g} | {spent_flops(rows) / full:.0%} |")
+    return "\n".join(lines)
+
+
+LONG_STUDY = "default-200"  # the README's 200-trial command at the same scale, seed 0
+LONG_READS = (32, 64, 100, 150, 200)
+
+
+def long_table(rows: list[dict], planned: int = 200) -> str:
+    """The 200-trial study read after its first 32, 64, ... trials (a prefix is what a study of that
+    many trials would have found: the controller does not know the count), as far as it has run."""
+    by_number = sorted(rows, key=lambda row: int(row["trial"]))
+    lines = [f"{len(by_number)} of its {planned} trials have run" + ("." if len(by_number) >= planned else
+             " so far (it resumes with --resume): the reads below stop there."), "",
+             "| after trials | trained to the end | best trial | its loss | controller's best "
+             f"| controller's trials 0.1 nats below {BASELINE} | FLOPs |", "|---|---|---|---|---|---|---|"]
+    for read in [read for read in LONG_READS if read <= len(by_number)] or [len(by_number)]:
+        done = trained(by_number[:read])
+        best = min(done, key=lambda row: float(row["validation_loss"]))
+        own = [row for row in done if not row["first_draw"]]
+        best_own = min((float(row["validation_loss"]) for row in own), default=None)
+        baseline = next(float(row["validation_loss"]) for row in done if row["first_draw"] == f"warm start {BASELINE}")
+        flops = sum(float(row["tokens"]) * float(row["flops_per_token"]) for row in done)
+        lines.append(f"| {read} | {len(done)} | {named(best)} | {float(best['validation_loss']):.3f} "
+                     f"| {'-' if best_own is None else format(best_own, '.3f')} | {beating(own, baseline)} | {flops:.3g} |")
     return "\n".join(lines)
 
 
@@ -328,6 +363,8 @@ def report() -> str:
     if early:
         sections += [f"### With --early-stop (grace {ASHA['grace_reports']}, reduction {ASHA['reduction_factor']})",
                      early_table(early), "### Their winners confirmed", confirmation_table(early)]
+    if (CRAMS / f"{LONG_STUDY}.csv").exists():
+        sections += [f"### The 200-trial study ({LONG_STUDY})", long_table(read(CRAMS / f"{LONG_STUDY}.csv"))]
     return "\n\n".join(sections)
 
 

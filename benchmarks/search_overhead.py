@@ -32,8 +32,8 @@ def main() -> None:
     args = parser.parse_args()
     per_trial = {executor: measure(args, executor) for executor in args.executors.split(",")}
     baseline = next(iter(per_trial))
-    print("warm overhead per trial: " + ", ".join(
-        f"{executor} {seconds:.2f} s ({seconds / per_trial[baseline]:.2f}x {baseline})" for executor, seconds in per_trial.items()))
+    print("warm overhead per trial: " + ", ".join(f"{executor} {seconds:.2f} s ({seconds / per_trial[baseline]:.2f}x {baseline})"
+                                                  for executor, seconds in per_trial.items()))
 
 
 def measure(args: argparse.Namespace, executor: str) -> float:

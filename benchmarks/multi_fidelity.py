@@ -1,0 +1,421 @@
+"""The controller benchmark that judges what `search.run` runs: every controller, with and without
+early stopping, against a multi-fidelity surrogate of the real studies' crams (issue 38, item 3).
+
+`benchmarks/controller_efficiency.py` judges controllers on final losses alone, every trial run to
+its end. A study of `search.run --early-stop` is another study: ASHA stops trials on their train
+loss at a rung (reports 2, 4 and 8 of 15), the controller learns from what was stopped as
+`search.study.stopped` shows it, and the compute is what the trials spent. This benchmark runs that.
+
+    python benchmarks/multi_fidelity.py --controllers gp --early-stop off on --seeds 30 --trials 200 \\
+        --out studies.jsonl                                      # appends each study; a rerun skips them
+    python benchmarks/multi_fidelity.py --report studies.jsonl   # the tables, from the stored studies alone
+
+The world (benchmarks/curve_world.py): every trial's curve and final loss predicted by a surrogate
+fitted to the real studies' crams, with the seed-to-seed noise measured per regime. The study is
+search.run's loop through the package: `open_study` with the profile's hand designs and the
+covering design (search.run's default first draw), `ask`, a repeat told the recorded value for
+free, every other trial's reports fed in order to one `SuccessiveHalving` (the profile's grace
+and reduction, `max_progress_reports + 0.5`) shared by the study, a stopped trial told PRUNED with
+its curve up to the stopping report (searcher.on_trial_complete) and counted m/16 of a trial
+(`asha.replay`'s convention: the last of 15 reports comes before the budget's end), a complete
+one told its noisy final and whole curve, counted 1. Every ask is one of the `--trials` (repeats
+and stopped trials count, as search.run counts them). Trials run one after another here;
+search.run runs two at a time on the CPU profile, so its ASHA sees rungs in a slightly different
+order.
+
+Read at 32, 64 and `--trials` trials as prefixes of one study (controllers do not know the budget):
+regret of the winner (the complete trial with the best observed final; its noise-free final minus
+the optimum of the final-loss surrogate over the table and random members), compute spent in
+trial-equivalents, how often the winner is a warm start, trials until a noise-free final below
+sized-cpu's measured mean, and the regret with early stopping when it has spent what the same
+controller and seed spent without it at 32 and 64 trials.
+
+Each finished study is one JSON line of `--out`, appended in one write, so two processes (say gp
+in one, the other controllers in another) may share the file; a rerun skips the studies stored for
+the same world (the crams read, the profile, `--members`). A study in which the package raised is
+kept as a `crash` line (controller, seed, trial, error), left out of the tables with a note, and
+run again by a rerun: search.run would have died there too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import surrogate as surrogates  # benchmarks/surrogate.py: run as a script, this file's folder is on sys.path
+from curve_world import ASHA, BASELINE, CRAMS, World, build, inputs, schedule, warm_starts, world_id
+from threadpoolctl import threadpool_limits
+
+from search.base.states import COMPLETE, PRUNED, REPEAT
+from search.study.asha import SuccessiveHalving
+from search.study.controllers import CONTROLLERS, ask, open_study, tell
+from space import SearchSpace
+
+READS = (32, 64)  # and --trials
+
+
+
+def run_study(world: World, space: SearchSpace, controller: str, early_stop: bool, seed: int, trials: int) -> dict:
+    """One search.run study of `trials` trials; what each trial did, in order (a JSON line of kind
+    `study`), or, where the package raised (as search.run would have died), a line of kind `crash`
+    with the trial and the error."""
+    study = open_study(f"{controller}-{'asha' if early_stop else 'full'}-{seed}", None, controller, "mlm", space,
+                       seed=seed, warm_starts=warm_starts(), cover=True, trials=trials, early_stop=early_stop)
+    from search.study.driver import early_stop_for_session  # here: it loads mlflow
+
+    reports, _ = schedule()
+    session, _ = early_stop_for_session(ASHA if early_stop else None, trials)  # off in a session too short for it
+    rule = SuccessiveHalving(ASHA["grace_reports"], ASHA["reduction_factor"], reports + 0.5) if session else None
+    record: dict[str, list] = {key: [] for key in ("state", "true", "observed", "stopped_at", "compute", "warm_start")}
+    start = time.perf_counter()
+    try:
+        play_trials(study, space, world, rule, seed, trials, record)
+    except Exception as error:  # any error of the package's ends the study, as it would end search.run's
+        return {"kind": "crash", "controller": controller, "early_stop": early_stop, "seed": seed, "trials": trials,
+                "at_trial": len(record["state"]), "error": " ".join(f"{type(error).__name__}: {error}".split())}
+    return {"kind": "study", "controller": controller, "early_stop": early_stop, "seed": seed, "trials": trials,
+            "seconds": round(time.perf_counter() - start, 1), **record}
+
+
+def play_trials(study, space: SearchSpace, world: World, rule: SuccessiveHalving | None, seed: int, trials: int,
+                record: dict[str, list]) -> None:
+    """search.run's loop over `trials` trials, one after another; each trial's outcome appended to `record`."""
+    reports, _ = schedule()
+    for _ in range(trials):
+        proposal = ask(study, space)
+        true_final = float(world.truth(proposal.config)[reports])
+        if proposal.repeat_of is not None:  # search.run tells the recorded values and trains nothing
+            recorded = study.get_trials(deepcopy=False)[proposal.repeat_of].values
+            tell(study, proposal.number, recorded, state=REPEAT)
+            row = (REPEAT, true_final, recorded[0], None, 0.0)
+        else:
+            seen = world.observe(proposal.config, seed)
+            curve = [(report, float(seen[report - 1])) for report in range(1, reports + 1)]
+            stopped_at = next((report for report, loss in curve if rule.should_stop(str(proposal.number), report, loss)),
+                              None) if rule else None
+            if stopped_at:
+                tell(study, proposal.number, state=PRUNED, intermediate=curve[:stopped_at],
+                     reason=f"stopped early by ASHA after {stopped_at} of its reports")
+                row = (PRUNED, true_final, None, stopped_at, stopped_at / (reports + 1))
+            else:
+                tell(study, proposal.number, [float(seen[reports])], intermediate=curve)
+                row = (COMPLETE, true_final, float(seen[reports]), None, 1.0)
+        for key, value in zip(("state", "true", "observed", "stopped_at", "compute"), row, strict=True):
+            record[key].append(round(value, 6) if isinstance(value, float) else value)
+        record["warm_start"].append(proposal.warm_start)
+
+
+# ---- the store: one JSON line per study ------------------------------------------------------------
+
+def read_store(paths: Iterable[Path]) -> list[dict]:
+    """Every whole line of the files; a line cut short (a killed process) is skipped with a note."""
+    lines = []
+    for path in paths:
+        if not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            try:
+                lines.append(json.loads(line))
+            except json.JSONDecodeError:
+                if line.strip():
+                    print(f"note: {path}:{number} is not a whole line (cut short?); skipped", file=sys.stderr)
+    return lines
+
+
+def append(path: Path, line: dict) -> None:
+    """One os.write of one whole line with O_APPEND: on a local file system two processes appending
+    to one file never interleave their lines. A file cut short gets its own newline first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+# ---- report: from the stored studies alone ----------------------------------------------------------
+
+def winner(study: dict, trials: int) -> int | None:
+    """The complete (non-repeat) trial with the best observed final among the first `trials`."""
+    complete = [i for i in range(min(trials, len(study["state"]))) if study["state"][i] == COMPLETE]
+    return min(complete, key=lambda i: study["observed"][i]) if complete else None
+
+
+def regret(study: dict, trials: int, optimum: float) -> float:
+    index = winner(study, trials)
+    return math.nan if index is None else study["true"][index] - optimum
+
+
+def spent(study: dict, trials: int) -> float:
+    return float(sum(study["compute"][:trials]))
+
+
+def trials_within(study: dict, compute: float) -> int:
+    """The most trials of `study` whose compute is at most `compute`."""
+    total, trials = 0.0, 0
+    for cost in study["compute"]:
+        if total + cost > compute + 1e-9:
+            break
+        total, trials = total + cost, trials + 1
+    return trials
+
+
+def trials_to_beat(study: dict, bar: float) -> int | None:
+    """Trials until one that is not a warm start runs to its end with a noise-free final below `bar`."""
+    return next((i + 1 for i, (state, true, warm) in enumerate(zip(study["state"], study["true"], study["warm_start"],
+                                                                    strict=True))
+                 if state == COMPLETE and warm is None and true < bar), None)
+
+
+def median_p90(values: Sequence[float]) -> str:
+    values = [v for v in values if not math.isnan(v)]
+    return f"{np.median(values):.4f} / {np.percentile(values, 90):.4f}" if values else "-"
+
+
+def label(early_stop: bool) -> str:
+    return "on" if early_stop else "off"
+
+
+def report(lines: list[dict]) -> str:
+    setups = {line["world"]: line for line in lines if line.get("kind") == "setup"}
+    studies: dict[str, dict[tuple, dict]] = defaultdict(dict)  # world -> (controller, early_stop, trials, seed) -> study
+    for line in lines:
+        if line.get("kind") == "study":
+            studies[line["world"]].setdefault((line["controller"], line["early_stop"], line["trials"], line["seed"]), line)
+    crashes: dict[str, dict[tuple, dict]] = defaultdict(dict)  # the last crash of each study that has no whole line
+    for line in lines:
+        if line.get("kind") == "crash":
+            crashes[line["world"]][line["controller"], line["early_stop"], line["trials"], line["seed"]] = line
+    sections = []
+    for world in crashes:
+        studies.setdefault(world, {})
+    for world, stored in studies.items():
+        setup = setups.get(world)
+        if setup is None:
+            sections.append(f"(studies of world {world}: no setup line stored, skipped)")
+            continue
+        crashed = [line for key, line in crashes[world].items() if key not in stored]
+        sections.append(setup["text"] + "\n\n" + tables(stored, setup) + crash_note(crashed))
+    return "\n\n".join(sections) if sections else "no stored studies"
+
+
+def crash_note(crashed: list[dict]) -> str:
+    """The studies the package crashed (search.run would have died there), left out of the tables."""
+    if not crashed:
+        return ""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for line in crashed:
+        groups[line["controller"], line["early_stop"], line["trials"]].append(line)
+    lines = ["", "Studies that crashed, left out of the tables above (the package raised, as search.run's driver would "
+             "have; a rerun of the same command runs them again):", "",
+             "| controller | early stopping | trials | seeds crashed | at trial (median, range) | error |",
+             "|---|---|---|---|---|---|"]
+    for (controller, early_stop, trials), group in groups.items():
+        at = [line["at_trial"] for line in group]
+        errors = sorted({line["error"] for line in group})
+        lines.append(f"| {controller} | {label(early_stop)} | {trials} | {len(group)} | {np.median(at):g} "
+                     f"({min(at)}-{max(at)}) | {'; '.join(errors)[:300]} |")
+    return "\n".join(lines)
+
+
+def by_combination(stored: dict[tuple, dict]) -> dict[tuple[str, bool], dict[int, dict]]:
+    """(controller, early stopping) -> {seed: its longest stored study}, in CONTROLLERS' order. A
+    shorter study of the same seed is a prefix of it (the controller does not know the count, the
+    noise is the seed's), so a 200-trial study is read at 32 and 64 too."""
+    order = {name: i for i, name in enumerate(CONTROLLERS)}
+    combos: dict[tuple[str, bool], dict[int, dict]] = defaultdict(dict)
+    for (controller, early_stop, _, seed), study in sorted(stored.items(), key=lambda item: (
+            order.get(item[0][0], len(order)), item[0][0], item[0][1], item[0][3])):
+        kept = combos[controller, early_stop].get(seed)
+        if kept is None or len(study["state"]) > len(kept["state"]):
+            combos[controller, early_stop][seed] = study
+    return combos
+
+
+def reaching(studies: dict[int, dict], trials: int) -> list[dict]:
+    """The studies that ran at least `trials` trials."""
+    return [study for study in studies.values() if len(study["state"]) >= trials]
+
+
+def tables(stored: dict[tuple, dict], setup: dict) -> str:
+    rungs = setup["rungs"]
+    combos = by_combination(stored)
+    # The reference regret is read against: the lowest noise-free final known, the setup's (the
+    # table's architectures and random members) or, where a study ran to its end a better one that
+    # those random members missed, that trial's.
+    lowest = min(true for studies in combos.values() for s in studies.values()
+                 for state, true in zip(s["state"], s["true"], strict=True) if state == COMPLETE)
+    optimum = min(setup["optimum"], lowest)
+    longest = max(len(study["state"]) for studies in combos.values() for study in studies.values())
+    reads = sorted({r for r in READS if r < longest} | {longest})
+    head = " | ".join(f"{r} trials" for r in reads)
+    seeds = sorted({len(reaching(studies, r)) for studies in combos.values() for r in reads})
+    out = [f"Each combination's studies read after {' / '.join(map(str, reads))} trials, each the prefix of its "
+           f"seed's study; a cell names its seeds where fewer than {seeds[-1]} ran that far.", "",
+           "Regret (nats above the optimum) of the winner: median / 90th percentile over seeds", "",
+           f"| controller | early stopping | {head} | seconds per study (trials) |",
+           "|---|---|" + "---|" * (len(reads) + 1)]
+
+    def cell(studies: dict[int, dict], r: int, text) -> str:
+        group = reaching(studies, r)
+        if not group:
+            return "-"
+        return text(group) + ("" if len(group) == seeds[-1] else f" ({len(group)} seed{'s' if len(group) > 1 else ''})")
+
+    for (controller, early_stop), studies in combos.items():
+        cells = [cell(studies, r, lambda group, r=r: median_p90([regret(s, r, optimum) for s in group])) for r in reads]
+        timing = ", ".join(f"{statistics.fmean(s['seconds'] for s in studies.values() if s['trials'] == n):.1f} ({n})"
+                           for n in sorted({s["trials"] for s in studies.values()}))
+        out.append(f"| {controller} | {label(early_stop)} | " + " | ".join(cells) + f" | {timing} |")
+    if lowest < setup["optimum"]:
+        found = sum(1 for studies in combos.values() for s in studies.values()
+                    if any(state == COMPLETE and true < setup["optimum"]
+                           for state, true in zip(s["state"], s["true"], strict=True)))
+        out.append(f"\nRegret is read against {optimum:.4f}, a trial that {found} studies ran to its end, "
+                   f"{setup['optimum'] - optimum:.4f} below the setup's optimum: its random members missed the best region.")
+
+    out += ["", "Compute spent, in trials run to their end (mean over seeds; with early stopping, its share of the "
+            "same controller's without, over the same seeds), and trials stopped at each rung (mean per study, "
+            "all its trials)", "",
+            f"| controller | early stopping | {head} | stopped at report " + " / ".join(map(str, rungs)) + " |",
+            "|---|---|" + "---|" * (len(reads) + 1)]
+    for (controller, early_stop), studies in combos.items():
+        full = combos.get((controller, False), {})
+        cells = []
+        for r in reads:
+            def spent_text(group, r=r):
+                mean = statistics.fmean(spent(s, r) for s in group)
+                paired = [(s, full[s["seed"]]) for s in group if len(full.get(s["seed"], {}).get("state", [])) >= r]
+                if not early_stop or not paired:
+                    return f"{mean:.1f}"
+                share = sum(spent(s, r) for s, _ in paired) / sum(spent(base, r) for _, base in paired)
+                return f"{mean:.1f} ({share:.0%})"
+            cells.append(cell(studies, r, spent_text))
+        stops = " / ".join(f"{statistics.fmean(s['stopped_at'].count(rung) / len(s['state']) for s in studies.values()):.2f}"
+                           for rung in rungs)
+        out.append(f"| {controller} | {label(early_stop)} | " + " | ".join(cells) + f" | {stops} per trial |")
+
+    out += ["", "Winner is a warm start (a hand design): fraction of seeds", "",
+            f"| controller | early stopping | {head} |", "|---|---|" + "---|" * len(reads)]
+    def warm_share(group: list[dict], r: int) -> str:
+        winners = [s["warm_start"][w] for s in group if (w := winner(s, r)) is not None]
+        return f"{np.mean([name is not None for name in winners]):.2f}"
+
+    for (controller, early_stop), studies in combos.items():
+        cells = [cell(studies, r, lambda group, r=r: warm_share(group, r)) for r in reads]
+        out.append(f"| {controller} | {label(early_stop)} | " + " | ".join(cells) + " |")
+
+    # The warm starts are left out: sized-cpu itself is trial 1.
+    bar = setup["baseline"]
+    out += ["", f"Trials until one not a warm start runs to its end with a noise-free final below {BASELINE}'s "
+            f"measured mean, {bar:.4f} (the final-loss model's value of {BASELINE}: {setup['baseline_predicted']:.4f}): "
+            "median over seeds (seeds that got there; \">N\" when the median seed did not within its N trials)", "",
+            f"| controller | early stopping | trials to beat {BASELINE} |", "|---|---|---|"]
+    for (controller, early_stop), studies in combos.items():
+        hits = [trials_to_beat(s, bar) for s in studies.values()]
+        median = float(np.median([math.inf if h is None else h for h in hits]))
+        shortest = min(len(s["state"]) for s in studies.values())
+        out.append(f"| {controller} | {label(early_stop)} | {f'>{shortest}' if math.isinf(median) else f'{median:g}'} "
+                   f"({sum(h is not None for h in hits)}/{len(hits)}) |")
+
+    equal = [r for r in reads if r < longest]
+    pairs = [(c, combos[c, False], combos[c, True]) for c, es in combos if es and (c, False) in combos]
+    if equal and pairs:
+        out += ["", "Regret at equal compute: with early stopping, after the trials that spent what the same "
+                "controller and seed spent without it: median / 90th percentile (median trials it took)", "",
+                "| controller | " + " | ".join(f"without, {r} trials | with, same compute" for r in equal) + " |",
+                "|---|" + "---|" * (2 * len(equal))]
+        short = 0
+        for controller, without, with_stop in pairs:
+            cells = []
+            for r in equal:
+                matched = [(without[seed], s) for seed, s in with_stop.items()
+                           if seed in without and len(without[seed]["state"]) >= r]
+                counts = [trials_within(s, spent(base, r)) for base, s in matched]
+                short += sum(n == len(s["compute"]) for n, (_, s) in zip(counts, matched, strict=True))
+                cells += [median_p90([regret(base, r, optimum) for base, _ in matched]),
+                          f"{median_p90([regret(s, n, optimum) for n, (_, s) in zip(counts, matched, strict=True)])}"
+                          + (f" ({np.median(counts):g})" if counts else "")]
+            out.append(f"| {controller} | " + " | ".join(cells) + " |")
+        if short:
+            out.append(f"\n{short} studies with early stopping spent less in all their trials than the bar: read "
+                       "after their last trial.")
+    out.append("")
+    return "\n".join(out)
+
+
+# ---- main ---------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--controllers", nargs="+", default=list(CONTROLLERS), choices=list(CONTROLLERS))
+    parser.add_argument("--early-stop", nargs="+", default=["off", "on"], choices=["off", "on"])
+    parser.add_argument("--seeds", type=int, default=30, help="studies per combination: seeds 0..N-1")
+    parser.add_argument("--trials", type=int, default=200, help="trials per study, counted as search.run counts them")
+    parser.add_argument("--out", type=Path, help="JSON lines: each finished study is appended; a rerun skips them")
+    parser.add_argument("--report", type=Path, nargs="+", help="print the tables from these stored studies, run nothing")
+    parser.add_argument("--table", type=Path, default=surrogates.DEFAULT_TABLE, help="repeated crams (default: %(default)s)")
+    parser.add_argument("--crams", type=Path, default=CRAMS, help="the studies' and confirmations' CSVs")
+    parser.add_argument("--members", type=int, default=surrogates.RANDOM_MEMBERS,
+                        help="random members of the space the optimum is sought among")
+    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="repeats of the K-fold split")
+    parser.add_argument("--boot", type=int, default=surrogates.BOOTSTRAP, help="bootstrap resamples of the intervals")
+    args = parser.parse_args(argv)
+    if args.report:
+        print(report(read_store(args.report)))
+        return 0
+    if args.out is None:
+        parser.error("--out FILE.jsonl is needed to run studies (or --report FILE.jsonl to read them)")
+
+    world = world_id(inputs(args.table, args.crams), args.members, 0)
+    done = {(line["controller"], line["early_stop"], line["seed"], line["trials"])
+            for line in read_store([args.out]) if line.get("kind") == "study" and line.get("world") == world}
+    todo = [(controller, early_stop == "on", seed) for controller in args.controllers for early_stop in args.early_stop
+            for seed in range(args.seeds) if (controller, early_stop == "on", seed, args.trials) not in done]
+    print(f"{len(todo)} studies to run, {args.seeds * len(args.controllers) * len(args.early_stop) - len(todo)} "
+          f"stored in {args.out} (world {world})", flush=True)
+    if todo:
+        logging.getLogger("optuna").setLevel(logging.WARNING)
+        logging.getLogger("search.study.controllers").setLevel(logging.ERROR)  # cmaes's note would repeat per study
+        if "gp" in args.controllers:  # Optuna's GP runs on torch, whose threads threadpoolctl does not set
+            import torch
+
+            torch.set_num_threads(1)
+        with threadpool_limits(1):  # one core each: the machine crams beside it
+            setup = build(args.table, args.crams, args.members, args.folds, args.repeats, args.boot)
+            print(setup.text + "\n", flush=True)
+            # Rounded as the studies' values are (6 decimals): sized-cpu's own stored value is not below its bar.
+            append(args.out, {"kind": "setup", "world": world, "optimum": round(setup.optimum, 6),
+                              "baseline": round(setup.baseline, 6),
+                              "baseline_predicted": round(setup.baseline_predicted, 6), "rungs": schedule()[1],
+                              "reports": schedule()[0], "text": setup.text})
+            for controller, early_stop, seed in todo:
+                study = run_study(setup.world, setup.space, controller, early_stop, seed, args.trials)
+                append(args.out, {**study, "world": world})
+                if study["kind"] == "crash":
+                    print(f"{controller} early stopping {label(early_stop)} seed {seed}: crashed at trial "
+                          f"{study['at_trial']}: {study['error']} (kept as a crash: a rerun runs it again)", flush=True)
+                    continue
+                print(f"{controller} early stopping {label(early_stop)} seed {seed}: {study['seconds']:.0f} s, compute "
+                      f"{spent(study, args.trials):.1f}, regret {regret(study, args.trials, setup.optimum):.4f}", flush=True)
+    print(report(read_store([args.out])))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

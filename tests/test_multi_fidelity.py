@@ -1,0 +1,165 @@
+"""benchmarks/multi_fidelity.py run as a user runs it, on the real study crams of benchmarks/crams/
+with tiny settings: random search and TPE, with and without early stopping, 2 seeds of 40 trials,
+then the same command again, then `--report`. What is checked could fail: the compute a stopped
+trial is counted, that early stopping spends less, that a rerun trains nothing stored, that the
+report has a row per combination."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from search.base.paths import PROFILES
+from search.run import load_profile
+from search.study.estimate import asha_rungs
+from search.study.warm_start import hand_design_names
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "multi_fidelity.py"
+CRAMS = SCRIPT.parent / "crams"
+CONTROLLERS, SEEDS, TRIALS = ("random", "tpe"), 2, 40
+# A cheap world: no cross-validation of the surrogate (its fit is the same), few random members and resamples.
+ARGS = ("--controllers", *CONTROLLERS, "--seeds", SEEDS, "--trials", TRIALS, "--members", 300, "--repeats", 0,
+        "--boot", 20)
+CUT_SHORT = '{"kind":"study","controller":"random","early_st'  # a line a killed process left
+
+
+def start(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SCRIPT), *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen) -> tuple[str, str]:
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr
+    return stdout, stderr
+
+
+def table(text: str, header: str) -> list[list[str]]:
+    """The cells of each row of the Markdown table whose header row starts with `header`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The command, a line cut short appended, then the same command again beside --report (side
+    by side: neither should write)."""
+    out = tmp_path_factory.mktemp("multi_fidelity") / "studies.jsonl"
+    first, _ = finish(start(*ARGS, "--out", out))
+    stored = out.read_text()
+    with out.open("a") as file:
+        file.write(CUT_SHORT)
+    second, report = start(*ARGS, "--out", out), start("--report", out)
+    return {"out": out, "first": first, "stored": stored, "second": finish(second), "report": finish(report)[0]}
+
+
+def studies(text: str) -> list[dict]:
+    return [line for line in map(json.loads, text.splitlines()) if line["kind"] == "study"]
+
+
+def longest_curve() -> int:
+    """The progress reports of a trial run to its end, as the real crams have them."""
+    rows = [row for path in sorted(CRAMS.glob("default-s*.csv")) if "confirm" not in path.name
+            for row in csv.DictReader(path.open())]
+    return max(len(row["curve"].split()) for row in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_every_combination_and_seed_is_one_study_of_its_trials(runs):
+    stored = studies(runs["stored"])
+    assert sorted((s["controller"], s["early_stop"], s["seed"]) for s in stored) == sorted(
+        (c, e, seed) for c in CONTROLLERS for e in (False, True) for seed in range(SEEDS))
+    warm = hand_design_names("cpu")
+    for study in stored:
+        # Every ask is one of the trials, repeats and stopped trials included; the hand designs come first.
+        assert all(len(study[key]) == TRIALS for key in ("state", "true", "observed", "stopped_at", "compute"))
+        assert study["warm_start"][:len(warm)] == warm
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_a_stopped_trial_is_counted_as_far_as_it_ran(runs):
+    early_stop = load_profile(PROFILES / "cpu.yaml")["early_stop"]
+    reports = longest_curve()
+    # The rungs as Ray's ASHAScheduler builds them from search.run's max_t (ray_executor.early_stopping).
+    rungs = asha_rungs(early_stop["grace_reports"], early_stop["reduction_factor"], reports + 0.5)
+    stopped = 0
+    for study in studies(runs["stored"]):
+        for state, observed, at, compute in zip(study["state"], study["observed"], study["stopped_at"],
+                                                study["compute"], strict=True):
+            if state == "pruned":
+                assert study["early_stop"] and at in rungs and observed is None
+                assert compute == pytest.approx(at / (reports + 1))
+                stopped += 1
+            else:
+                assert at is None and observed is not None
+                assert compute == (1.0 if state == "complete" else 0.0)  # a repeat trains nothing
+    assert stopped > 0
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_the_baseline_is_the_warm_start_the_studies_saw(runs):
+    """sized-cpu is trial 1 of every study (a warm start); the bar "below the model's value of it"
+    is the value those studies saw for it, so it never meets its own bar."""
+    [setup] = [line for line in map(json.loads, runs["stored"].splitlines()) if line["kind"] == "setup"]
+    for study in studies(runs["stored"]):
+        assert study["warm_start"][0] == "sized-cpu" and study["true"][0] == setup["baseline_predicted"]
+    rows = table(runs["report"], "| controller | early stopping | trials to beat sized-cpu |")
+    assert rows and all(not row[2].startswith("1 (") for row in rows)  # the warm starts are not the search
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_early_stopping_spends_less_than_every_trial_run_to_its_end(runs):
+    spent = {(s["controller"], s["early_stop"], s["seed"]): sum(s["compute"]) for s in studies(runs["stored"])}
+    for controller in CONTROLLERS:
+        for seed in range(SEEDS):
+            assert spent[controller, True, seed] < spent[controller, False, seed]
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_a_rerun_runs_nothing_stored_and_skips_a_line_cut_short(runs):
+    assert runs["first"].startswith(f"{len(CONTROLLERS) * 2 * SEEDS} studies to run, 0 stored")
+    assert runs["second"][0].startswith(f"0 studies to run, {len(CONTROLLERS) * 2 * SEEDS} stored")
+    assert "not a whole line (cut short?)" in runs["second"][1]
+    assert runs["out"].read_text() == runs["stored"] + CUT_SHORT  # nothing appended
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_the_report_has_a_row_for_every_combination(runs):
+    report = runs["report"]
+    assert runs["second"][0].endswith(report)  # the run's report is the stored studies' alone
+    combinations = {(c, e) for c in CONTROLLERS for e in ("off", "on")}
+    regrets = table(report, "| controller | early stopping | 32 trials | 40 trials |")
+    assert {(row[0], row[1]) for row in regrets} == combinations
+    for row in regrets:
+        for cell in row[2:4]:  # every seed ran 40 trials: no cell names fewer seeds
+            median, p90 = map(float, cell.split(" / "))
+            assert median <= p90
+    compute = {(row[0], row[1]): row for row in table(report, "| controller | early stopping | 32 trials | 40 trials | stopped")}
+    assert set(compute) == combinations
+    stored = studies(runs["stored"])
+    for controller in CONTROLLERS:
+        trained = [s["state"].count("complete") for s in stored if s["controller"] == controller and not s["early_stop"]]
+        assert compute[controller, "off"][3] == f"{sum(trained) / len(trained):.1f}"  # a repeat is free
+        share = re.fullmatch(r"(\S+) \((\d+)%\)", compute[controller, "on"][3])
+        assert share and int(share[2]) < 100
+    below = table(report, "| controller | early stopping | trials to beat sized-cpu |")
+    assert {(row[0], row[1]) for row in below} == combinations
+    assert {row[0] for row in table(report, "| controller | without, 32 trials | with, same compute |")} == set(CONTROLLERS)
