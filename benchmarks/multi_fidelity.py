@@ -9,6 +9,7 @@ loss at a rung (reports 2, 4 and 8 of 15), the controller learns from what was s
     python benchmarks/multi_fidelity.py --controllers gp --early-stop off on --seeds 30 --trials 200 \\
         --out studies.jsonl                                      # appends each study; a rerun skips them
     python benchmarks/multi_fidelity.py --report studies.jsonl   # the tables, from the stored studies alone
+    python benchmarks/multi_fidelity.py --report benchmarks/crams/multi_fidelity.jsonl.gz   # RESULTS' tables
 
 The world (benchmarks/curve_world.py): every trial's curve and final loss predicted by a surrogate
 fitted to the real studies' crams, with the seed-to-seed noise measured per regime. The study is
@@ -40,6 +41,7 @@ run again by a rerun: search.run would have died there too.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import logging
 import math
@@ -118,12 +120,14 @@ def play_trials(study, space: SearchSpace, world: World, rule: SuccessiveHalving
 # ---- the store: one JSON line per study ------------------------------------------------------------
 
 def read_store(paths: Iterable[Path]) -> list[dict]:
-    """Every whole line of the files; a line cut short (a killed process) is skipped with a note."""
+    """Every whole line of the files (`.gz` ones too: the store kept in benchmarks/crams/); a line cut
+    short (a killed process) is skipped with a note."""
     lines = []
     for path in paths:
         if not path.is_file():
             continue
-        for number, line in enumerate(path.read_text().splitlines(), 1):
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+        for number, line in enumerate(text.splitlines(), 1):
             try:
                 lines.append(json.loads(line))
             except json.JSONDecodeError:
