@@ -175,3 +175,15 @@ class Watch:
             yield
         finally:
             self.active = False
+
+
+def table(text: str, header: str) -> list[list[str]]:
+    """The cells of each row of the Markdown table whose header row starts with `header`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows

@@ -20,6 +20,7 @@ from search.base.paths import PROFILES
 from search.run import load_profile
 from search.study.estimate import asha_rungs
 from search.study.warm_start import hand_design_names
+from tests.helpers import table
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "multi_fidelity.py"
 CRAMS = SCRIPT.parent / "crams"
@@ -39,18 +40,6 @@ def finish(process: subprocess.Popen) -> tuple[str, str]:
     stdout, stderr = process.communicate(timeout=600)
     assert process.returncode == 0, stderr
     return stdout, stderr
-
-
-def table(text: str, header: str) -> list[list[str]]:
-    """The cells of each row of the Markdown table whose header row starts with `header`."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header))
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip("|").split("|")])
-    return rows
 
 
 @pytest.fixture(scope="module")

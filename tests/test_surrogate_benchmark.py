@@ -19,6 +19,7 @@ import pytest
 from search.analysis import cram_table
 from search.study.warm_start import hand_designs
 from space import default_space_path, load_space
+from tests.helpers import table
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 NOISE_SD = 0.02
@@ -64,18 +65,6 @@ def run(script: str, *args) -> str:
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     return out.stdout
-
-
-def table(text: str, header: str) -> list[list[str]]:
-    """The cells of each row of the Markdown table whose header row starts with `header`."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header))
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip("|").split("|")])
-    return rows
 
 
 def numbers(cell: str) -> list[float]:
