@@ -337,9 +337,11 @@ LONG_READS = (32, 64, 100, 150, 200)
 def long_table(rows: list[dict], planned: int = 200) -> str:
     """The 200-trial study read after its first 32, 64, ... trials (a prefix is what a study of that
     many trials would have found: the controller does not know the count), as far as it has run."""
-    by_number = sorted(rows, key=lambda row: int(row["trial"]))
+    by_number = sorted((row for row in rows if row["state"] != "running"), key=lambda row: int(row["trial"]))
+    cut = len(rows) - len(by_number)  # cut short when the driver stopped: a resume runs them again
     lines = [f"{len(by_number)} of its {planned} trials have run" + ("." if len(by_number) >= planned else
-             " so far (it resumes with --resume): the reads below stop there."), "",
+             " so far (it resumes with --resume): the reads below stop there")
+             + (f"; {cut} more were cut short when it was stopped, and run again on resume." if cut else "."), "",
              "| after trials | trained to the end | best trial | its loss | controller's best "
              f"| controller's trials 0.1 nats below {BASELINE} | FLOPs |", "|---|---|---|---|---|---|---|"]
     for read in [read for read in LONG_READS if read <= len(by_number)] or [len(by_number)]:

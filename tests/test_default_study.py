@@ -46,6 +46,8 @@ def test_the_results_tables_come_from_the_stored_crams_alone(tmp_path):
     assert "| more than 4x | 34.0 | under 11.3 |" in out.stdout and "| 2.6x | 35.0 | 21.9 |" in out.stdout
     # The studies run with --early-stop: the FLOPs of their stopped trials counted as far as they ran.
     assert "### With --early-stop" in out.stdout and "| early-s0 | 9 of 32 | 23 (2: 10, 4: 8, 8: 5) |" in out.stdout
+    # The 200-trial study, read at 32, 64, ... trials as far as it has run (trials cut short left out).
+    assert "### The 200-trial study (default-200)" in out.stdout and "| 19 | 19 | 18 1x32/2h gelu" in out.stdout
     # RESULTS shows these very tables: every row the report prints is there as printed.
     results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
     missing = [line for line in out.stdout.splitlines() if line.startswith("|") and line not in results]
