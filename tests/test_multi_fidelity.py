@@ -157,3 +157,17 @@ def test_the_report_has_a_row_for_every_combination(runs):
     below = table(report, "| controller | early stopping | trials to beat sized-cpu |")
     assert {(row[0], row[1]) for row in below} == combinations
     assert {row[0] for row in table(report, "| controller | without, 32 trials | with, same compute |")} == set(CONTROLLERS)
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_results_show_the_report_of_the_stored_studies(tmp_path):
+    """RESULTS' tables are `--report` of the studies kept in benchmarks/crams/, every row as printed."""
+    out = subprocess.run([sys.executable, str(SCRIPT), "--report", str(CRAMS / "multi_fidelity.jsonl.gz")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
+    assert any(line.startswith("| gp | off |") for line in rows)
+    results = (SCRIPT.parent / "RESULTS.md").read_text()
+    missing = [line for line in rows if line not in results]
+    assert not missing, f"RESULTS.md lacks {len(missing)} rows of the report, e.g. {missing[0]}"
