@@ -295,10 +295,6 @@ class Setup:
     text: str  # what it is made of, as printed
 
 
-def table_cell(value: tuple[float, float, float]) -> str:
-    return surrogates.interval(value)
-
-
 def build(table: Path, crams: Path, members: int, folds: int, repeats: int, boot: int, seed: int = 0) -> Setup:
     reports, rungs = schedule()
     final = reports
@@ -341,7 +337,8 @@ def build(table: Path, crams: Path, members: int, folds: int, repeats: int, boot
                   "| fidelity | model | architectures | Kendall tau | Spearman | RMSE (nats) |", "|---|---|---|---|---|---|"]
     for (column, name), q in sorted(model.quality.items(), key=lambda item: (item[0][0] != final, item[0])):
         lines.append(f"| {fidelity_name(column)} | {name}{' (kept)' if name == model.model_name else ''} | "
-                     f"{model.fitted_on[column]} | {table_cell(q.kendall)} | {table_cell(q.spearman)} | {q.rmse:.4f} |")
+                     f"{model.fitted_on[column]} | {surrogates.interval(q.kendall)} | "
+                     f"{surrogates.interval(q.spearman)} | {q.rmse:.4f} |")
 
     # Does the simulation rank by its rungs as the real crams do? A surrogate whose reports predict its
     # final too well would flatter early stopping.

@@ -131,10 +131,20 @@ def stopped(rows: list[dict]) -> list[dict]:
     return [row for row in rows if row["state"] == "pruned"]
 
 
+def cram_flops(row: dict) -> float:
+    """The training FLOPs of a trial that ran to its end."""
+    return float(row["tokens"]) * float(row["flops_per_token"])
+
+
+def baseline_loss(done: list[dict]) -> float:
+    """The loss of the study's warm start of the baseline (sized-cpu), among its trials run to the end."""
+    return next(float(row["validation_loss"]) for row in done if row["first_draw"] == f"warm start {BASELINE}")
+
+
 def spent_flops(rows: list[dict]) -> float:
     """The training FLOPs a study spent: each trial run to its end, and each stopped trial's share
     of its budget when stopped."""
-    return (sum(float(row["tokens"]) * float(row["flops_per_token"]) for row in trained(rows))
+    return (sum(cram_flops(row) for row in trained(rows))
             + sum(float(row["budget_fraction"]) * TRIAL_FLOPS for row in stopped(rows)))
 
 
@@ -216,7 +226,7 @@ def asha_replay(rows: list[dict], grace: int, factor: int) -> dict:
     it keeps, whether it keeps the study's best, and the share of the FLOPs it would have spent."""
     done = sorted(trained(rows), key=lambda row: int(row["trial"]))
     replayed = asha.replay([curve(row) for row in done],
-                           [float(row["tokens"]) * float(row["flops_per_token"]) for row in done], grace, factor)
+                           [cram_flops(row) for row in done], grace, factor)
     kept = [done[index] for index in replayed.kept]
     best = min(done, key=lambda row: float(row["validation_loss"]))
     best_kept = min(kept, key=lambda row: float(row["validation_loss"]))
@@ -234,8 +244,8 @@ def study_table(all_rows: dict[str, list[dict]]) -> str:
         best = min(done, key=lambda row: float(row["validation_loss"]))
         first = [row for row in done if row["first_draw"]]
         own = [row for row in done if not row["first_draw"]]
-        baseline = next(float(row["validation_loss"]) for row in done if row["first_draw"] == f"warm start {BASELINE}")
-        flops = sum(float(row["tokens"]) * float(row["flops_per_token"]) for row in done)
+        baseline = baseline_loss(done)
+        flops = sum(cram_flops(row) for row in done)
         replay = asha_replay(rows, ASHA["grace_reports"], ASHA["reduction_factor"])
         best_first, best_own = (min(group, key=lambda row: float(row["validation_loss"])) for group in (first, own))
         kept = "yes" if replay["keeps_best"] else f"no: best kept {float(replay['best_kept']['validation_loss']):.3f}"
@@ -282,8 +292,7 @@ def confirmation_table(all_rows: dict[str, list[dict]], budget: str = "2e12flops
         multiple = compute_equivalent(multiples, [ladder[m] for m in multiples], statistics.mean(ours.values()))
         # The search's compute, as benchmarks/accounting.py counts it: every trial it trained and the
         # winner's confirmations (a user runs both before the final cram).
-        search_flops = spent_flops(rows) + sum(float(run["tokens"]) * float(run["flops_per_token"])
-                                               for run in runs if run["configuration"] == candidate)
+        search_flops = spent_flops(rows) + sum(cram_flops(run) for run in runs if run["configuration"] == candidate)
         # Paid back against the multiple as the table shows it; past the ladder's top, a bound.
         account = payback(search_flops, TRIAL_FLOPS, multiples[-1] if multiple is None else round(multiple, 1))
         paid = ("never" if account["payback_runs"] is None
@@ -314,13 +323,13 @@ def early_table(all_rows: dict[str, list[dict]]) -> str:
         own = [row for row in done if not row["first_draw"]]
         best_first = min(first, key=lambda row: float(row["validation_loss"]), default=None)
         best_own = min(own, key=lambda row: float(row["validation_loss"]), default=None)
-        baseline = next(float(row["validation_loss"]) for row in done if row["first_draw"] == f"warm start {BASELINE}")
+        baseline = baseline_loss(done)
         reports = max(len(curve(row)) for row in done) + 1  # the progress reports and the final one
         at: dict[int, int] = {}
         for row in cut:
             report = round(float(row["budget_fraction"]) * reports)
             at[report] = at.get(report, 0) + 1
-        full = sum(float(row["tokens"]) * float(row["flops_per_token"]) for row in done) + TRIAL_FLOPS * len(cut)
+        full = sum(cram_flops(row) for row in done) + TRIAL_FLOPS * len(cut)
         lines.append(
             f"| {name} | {len(done)} of {len(done) + len(cut)} | {len(cut)} ("
             + ", ".join(f"{report}: {at[report]}" for report in sorted(at)) + ") "
@@ -349,8 +358,8 @@ def long_table(rows: list[dict], planned: int = 200) -> str:
         best = min(done, key=lambda row: float(row["validation_loss"]))
         own = [row for row in done if not row["first_draw"]]
         best_own = min((float(row["validation_loss"]) for row in own), default=None)
-        baseline = next(float(row["validation_loss"]) for row in done if row["first_draw"] == f"warm start {BASELINE}")
-        flops = sum(float(row["tokens"]) * float(row["flops_per_token"]) for row in done)
+        baseline = baseline_loss(done)
+        flops = sum(cram_flops(row) for row in done)
         lines.append(f"| {read} | {len(done)} | {named(best)} | {float(best['validation_loss']):.3f} "
                      f"| {'-' if best_own is None else format(best_own, '.3f')} | {beating(own, baseline)} | {flops:.3g} |")
     return "\n".join(lines)

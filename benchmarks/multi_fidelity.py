@@ -381,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--boot", type=int, default=surrogates.BOOTSTRAP, help="bootstrap resamples of the intervals")
     args = parser.parse_args(argv)
     if args.report:
+        if missing := [str(path) for path in args.report if not path.is_file()]:
+            parser.error(f"--report: no such file {', '.join(missing)}; give the --out file of a run, or "
+                         "benchmarks/crams/multi_fidelity.jsonl.gz")
         print(report(read_store(args.report)))
         return 0
     if args.out is None:
