@@ -110,12 +110,25 @@ def paired(a: Mapping | Sequence[float], b: Mapping | Sequence[float], confidenc
 
 def correlation(x: Sequence[float], y: Sequence[float], kind: str, resamples: int = 5000) -> tuple[float, float, float]:
     """Rank correlation (`kind` "spearman" or "kendall") of paired values and its percentile
-    bootstrap 95% interval, the pairs resampled (e.g. architectures); seeded, so a table repeats."""
+    bootstrap 95% interval, the pairs resampled (e.g. architectures); seeded, so a table repeats.
+    A resample that draws one value for all ranks nothing and is left out of the interval (few
+    pairs draw such); `resamples=0`: the correlation alone, NaN bounds."""
+    import warnings
+
     import numpy as np  # scipy's bootstrap: only when a correlation is asked for
     from scipy import stats
 
     statistic = {"spearman": lambda a, b: stats.spearmanr(a, b)[0], "kendall": lambda a, b: stats.kendalltau(a, b)[0]}[kind]
-    point = float(statistic(x, y))
-    found = stats.bootstrap((np.asarray(x), np.asarray(y)), statistic, paired=True, vectorized=False,
-                            n_resamples=resamples, method="percentile", random_state=np.random.default_rng(0))
-    return point, float(found.confidence_interval.low), float(found.confidence_interval.high)
+    with warnings.catch_warnings():  # the one-value resamples, left out below
+        warnings.simplefilter("ignore", (stats.ConstantInputWarning, stats.DegenerateDataWarning))
+        point = float(statistic(x, y))
+        if not resamples:
+            return point, math.nan, math.nan
+        draws = stats.bootstrap((np.asarray(x), np.asarray(y)), statistic, paired=True, vectorized=False,
+                                n_resamples=resamples, method="percentile",
+                                random_state=np.random.default_rng(0)).bootstrap_distribution
+    draws = draws[np.isfinite(draws)]
+    if not len(draws):
+        return point, math.nan, math.nan
+    low, high = np.quantile(draws, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    return point, float(low), float(high)

@@ -17,8 +17,6 @@ final objective.
 from __future__ import annotations
 
 import copy
-import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -159,36 +157,23 @@ class RungRank:
 
 
 def rung_ranking(curves: Sequence[dict[int, float]], finals: Sequence[float], reports: Sequence[int] | None = None,
-                 resamples: int = 2000, seed: int = 0) -> list[RungRank]:
+                 resamples: int = 2000) -> list[RungRank]:
     """Spearman's rho between the loss at each report and the final value, over the trials that
-    have both, with a percentile bootstrap interval; `reports` default to every report seen. A
-    report with fewer than `MIN_PAIRS` trials, or one value for all, is left out."""
+    have both, with its bootstrap interval (`search.analysis.stats.correlation`; none with
+    `resamples=0`); `reports` default to every report seen. A report with fewer than `MIN_PAIRS`
+    trials, or one value for all, is left out."""
+    from search.analysis.stats import correlation  # scipy: only when a ranking is measured
+
     if len(curves) != len(finals):
         raise ValueError(f"curves and finals differ in length: {len(curves)} and {len(finals)}")
-    rng = random.Random(seed)
     ranks = []
     for report in reports or sorted({step for curve in curves for step in curve}):
         pairs = [(curve[report], final) for curve, final in zip(curves, finals, strict=True) if report in curve]
-        if len(pairs) < MIN_PAIRS:
+        xs, ys = zip(*pairs, strict=True) if pairs else ((), ())
+        if len(pairs) < MIN_PAIRS or len(set(xs)) < 2 or len(set(ys)) < 2:  # too few, or nothing ranked
             continue
-        rho = _spearman(pairs)
-        if math.isnan(rho):  # every trial read the same there: nothing is ranked
-            continue
-        # No resamples: no interval (a caller that prints only the correlation skips the bootstrap).
-        draws = sorted(_spearman([rng.choice(pairs) for _ in pairs]) for _ in range(resamples))
-        draws = [d for d in draws if not math.isnan(d)] or [math.nan]
-        ranks.append(RungRank(report, len(pairs), rho, draws[int(0.025 * (len(draws) - 1))],
-                              draws[int(0.975 * (len(draws) - 1))]))
+        ranks.append(RungRank(report, len(pairs), *correlation(xs, ys, "spearman", resamples)))
     return ranks
-
-
-def _spearman(pairs: Sequence[tuple[float, float]]) -> float:
-    from scipy.stats import spearmanr  # here: search.study.controllers imports this module at CLI start
-
-    xs, ys = zip(*pairs, strict=True)
-    if len(set(xs)) < 2 or len(set(ys)) < 2:
-        return math.nan
-    return float(spearmanr(xs, ys).statistic)
 
 
 def study_rung_ranking(study: optuna.Study) -> list[RungRank]:
