@@ -9,6 +9,8 @@ from collections.abc import Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
+from search.analysis.stats import plus_minus
+
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 0;
        background: #f6f8fa; color: #1f2328; line-height: 1.45; }
@@ -71,10 +73,14 @@ def plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def interval(mean, low, high) -> str:
+def interval(mean, low, high, *, signed: bool = False) -> str:
+    """A mean and its 95% interval (a frame's `low` and `high`) as search.confirm's table writes
+    them (`search.analysis.stats.plus_minus`): `4.253 ± 0.234`; without bounds, `4.253 (n=1)`."""
     if _missing(mean):
         return "–"
-    return f"{num(mean)} [{num(low)}, {num(high)}]" if not _missing(low) else f"{num(mean)} (n=1)"
+    if _missing(low):
+        return f"{plus_minus(float(mean), None, signed=signed)} (n=1)"
+    return plus_minus(float(mean), (float(high) - float(low)) / 2, signed=signed)
 
 
 def esc(text) -> str:

@@ -157,8 +157,8 @@ class Report:
             return self.no_complete() if analysis.scored(self.trials, self.score).empty else \
                 '<p class="muted">No architecture parameter took more than one value among the complete trials.</p>'
         with_loss = self.score.column != LOSS  # a loss-ranked study shows its score once
-        headers = ["choice", "trials", f"{self.score.label}: mean [95% CI]"]
-        headers += ["validation MLM loss: mean [95% CI]"] if with_loss else []
+        headers = ["choice", "trials", f"{self.score.label}: mean ± 95% CI"]
+        headers += ["validation MLM loss: mean ± 95% CI"] if with_loss else []
         headers += ["against the best choice"]
         rows: list = []
         for param, group in table_.groupby("param", sort=False):
@@ -296,8 +296,8 @@ class Report:
         body = [[str(r.rank), self.run_link(r.run_id, r.trial), num(r.original), interval(r.mean, r.low, r.high),
                  interval(r.below_mean, r.below_low, r.below_high), str(r.n), str(r.failed)]
                 for r in ranking.itertuples()]
-        parts = [shown, table(["rank", "trial", f"search {self.score.label}", "confirmed mean [95% CI]",
-                        "nats below floor [95% CI]", "seeds", "failed seeds"], body, numeric=(0, 1, 2, 3, 4, 5, 6))]
+        parts = [shown, table(["rank", "trial", f"search {self.score.label}", "confirmed mean ± 95% CI",
+                        "nats below floor ± 95% CI", "seeds", "failed seeds"], body, numeric=(0, 1, 2, 3, 4, 5, 6))]
         noise = analysis.lead_within_noise(ranking)
         if noise is None:
             parts.append("<p>Fewer than two configurations have an interval (two or more complete seeds each): "
@@ -406,8 +406,8 @@ class Report:
             body.append([*cells, interval(r.loss_mean, r.loss_low, r.loss_high),
                          interval(r.below_mean, r.below_low, r.below_high), interval(r.probe_mean, r.probe_low, r.probe_high),
                          num(r.tokens_per_s), human(r.params), str(r.n), str(r.failed)])
-        headers = ["rank", "configuration", "architecture"] + ([f"{self.score.label} [95% CI]"] if extra else [])
-        headers += ["validation MLM loss [95% CI]", "nats below floor [95% CI]", "probe average [95% CI]", "tokens/s",
+        headers = ["rank", "configuration", "architecture"] + ([f"{self.score.label} ± 95% CI"] if extra else [])
+        headers += ["validation MLM loss ± 95% CI", "nats below floor ± 95% CI", "probe average ± 95% CI", "tokens/s",
                     "params", "seeds", "failed seeds"]
         parts = [f"<p>Every run under {esc(result.budget)}, with the same seeds; search configurations in bold, "
                  f"ranked by {esc(self.score.label)}.</p>",
@@ -423,10 +423,10 @@ class Report:
         for r in result.paired.itertuples():
             style = "apart" if r.outside_noise else "muted"
             verdict = f'<span class="{style}">{esc(analysis.paired_verdict(r, self.score))}</span>'
-            rows.append([esc(r.best), esc(r.baseline), str(r.n), interval(r.mean, r.low, r.high), verdict])
+            rows.append([esc(r.best), esc(r.baseline), str(r.n), interval(r.mean, r.low, r.high, signed=True), verdict])
         parts.append(f"<p>The best confirmed configuration against each baseline: its {esc(self.score.label)} minus "
                      f"the baseline's, seed by seed, with a 95% interval of the mean difference.</p>")
-        parts.append(table(["search", "baseline", "paired seeds", "difference [95% CI]", "verdict"], rows,
+        parts.append(table(["search", "baseline", "paired seeds", "difference ± 95% CI", "verdict"], rows,
                            numeric=(2, 3)))
         return "".join(parts)
 

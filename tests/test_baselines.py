@@ -228,7 +228,7 @@ def test_report_sets_the_search_against_each_baseline(tmp_path):
     section = page.split('id="hand-design"')[1].split("</section>")[0]
     shape = ArchConfig.from_dict(yaml.safe_load((CONFIGS / "crammed-bert-cpu.yaml").read_text())["arch"]).describe()
     assert "crammed-bert-cpu" in section and "bert-original-cpu" in section and shape.split()[0] in section
-    assert "probe average [95% CI]" in section and "4.2M" in section
+    assert "probe average ± 95% CI" in section and "4.2M" in section
     # Trial 0 against each, in words: who won, by how much, beyond the noise or not.
     assert "search better by 0.103 in probe average (GLUE), outside noise" in section
     assert "baseline better by 0.00333 in probe average (GLUE), within noise" in section

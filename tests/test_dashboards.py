@@ -89,6 +89,14 @@ def test_mean_ci_agrees_with_scipy():
     assert (same.low, same.high) == (0.3, 0.3)
 
 
+def test_the_report_writes_an_interval_as_search_confirm_does():
+    values = [4.1, 4.3, 4.2]
+    ci = analysis.mean_ci(values)
+    assert interval(ci.mean, ci.low, ci.high) == ci.text() == "4.200 ± 0.248"
+    assert interval(-0.75, -1.385, -0.115, signed=True) == "-0.750 ± 0.635"
+    assert interval(4.1, math.nan, math.nan) == "4.100 (n=1)" and interval(None, None, None) == "–"
+
+
 def test_ablation_marks_choices_the_data_cannot_tell_apart():
     scores = {"rotary": [0.70, 0.71, 0.72], "alibi": [0.69, 0.70, 0.715], "learned": [0.50, 0.51, 0.52], "none": [0.6]}
     rows = [{"arch": {"position": position, "layers": 2}, "metrics": {"probe_average": s, "validation_loss": 5 - s}}
@@ -269,7 +277,8 @@ def test_report_confirmation_section(small, tmp_path):
     confirmed = page.split('id="confirmation"')[1].split("</section>")[0]
     below = [UNIGRAM_FLOOR - (7.0 - 4.0 * score) for score in (0.70, 0.72, 0.71)]  # trial 0's seeds
     ci = analysis.mean_ci(below)  # checked against scipy above
-    assert "nats below floor [95% CI]" in confirmed and interval(ci.mean, ci.low, ci.high) in confirmed
+    # Written as search.confirm's table writes an interval.
+    assert "nats below floor ± 95% CI" in confirmed and ci.text() in confirmed
     assert "confirmation budget (120s) differs from the search budget (60s)" in page
     assert 'id="ladder"' not in page and 'href="#ladder"' not in page  # one budget: no loss-against-budget plot
     data = load_study("small", small.uri)
