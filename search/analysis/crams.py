@@ -240,11 +240,11 @@ class Crams:
     def __init__(self, out: Path, data: str, cache_dir: str | None, budget: Budget, jobs: int):
         self.store = CramStore(out / "crams.jsonl")
         self.path, self.data, self.cache_dir, self.budget, self.jobs = self.store.path, data, cache_dir, budget, jobs
+        self.done = self._with_loss()
 
-    @property
-    def done(self) -> dict[str, dict]:
-        """The kept crams that gave a loss, by key; a failed one stays in the file (it is not
-        crammed again) but has nothing to read."""
+    def _with_loss(self) -> dict[str, dict]:
+        """The kept crams that gave a loss, by key (`done`, read once per run, not on every
+        lookup); a failed one stays in the file (it is not crammed again) but has nothing to read."""
         return {key: row for key, row in self.store.done.items() if row.get("validation_loss") is not None}
 
     def key(self, name: str, multiple: float, seed: int) -> str:
@@ -269,11 +269,13 @@ class Crams:
         crams = self.crams(wanted)
         pending = len(self.store.pending(crams))
         print(f"{pending} crams to run, {len({cram.label for cram in crams}) - pending} done before", flush=True)
-        self.store.run(crams, cram_job, self.jobs)
+        try:
+            self.store.run(crams, cram_job, self.jobs)
+        finally:
+            self.done = self._with_loss()
 
     def _rows(self, name: str, multiple: float, seeds) -> list[dict]:
-        done = self.done
-        return [done[k] for s in seeds if (k := self.key(name, multiple, s)) in done]
+        return [self.done[k] for s in seeds if (k := self.key(name, multiple, s)) in self.done]
 
     def losses(self, name: str, multiple: float, seeds=SEEDS) -> list[float]:
         return [row["validation_loss"] for row in self._rows(name, multiple, seeds)]
