@@ -24,7 +24,6 @@ What it is built from, and why:
 
 from __future__ import annotations
 
-import csv
 import functools
 import hashlib
 import json
@@ -39,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import surrogate as surrogates  # benchmarks/surrogate.py: run as a script, this file's folder is on sys.path
+from default_study import BASELINE, CRAMS, read
 from scipy import stats
 
 from search.analysis.cram_table import TableCram, read_crams
@@ -52,14 +52,11 @@ from space import ArchConfig, SearchSpace, default_space_path, load_space
 from trainer.config import load_run_config
 from trainer.regimes import REGIMES, regime
 
-BENCHMARKS = Path(__file__).resolve().parent
-CRAMS = BENCHMARKS / "crams"
 STUDY_FILES = ("*-s[0-9].csv", "default-200.csv")  # the studies' trials; not confirmations or ladders
 TRIAL_BUDGET = "2e12flops"  # the studies' trial budget: only repeated crams at it measure their noise
 PROFILE_PATH = PROFILES / "cpu.yaml"
 PROFILE = load_profile(PROFILE_PATH)
 ASHA = {"min_trials": ASHA_MIN_TRIALS, **PROFILE["early_stop"]}  # as search.run builds it
-BASELINE = "sized-cpu"
 
 
 
@@ -102,18 +99,13 @@ def study_files(crams: Path = CRAMS) -> list[Path]:
     return sorted({path for pattern in STUDY_FILES for path in crams.glob(pattern) if "-confirm" not in path.stem})
 
 
-def read_rows(path: Path) -> list[dict]:
-    with path.open(newline="") as file:
-        return list(csv.DictReader(file))
-
-
 def read_curves(paths: Sequence[Path]) -> tuple[dict[str, Curve], tuple[float, float]]:
     """The studies' architectures with a curve, by `arch_key`, and the references their losses are
     read against (corruption floor, two-neighbour count model: one corpus, one pair)."""
     curves: dict[str, Curve] = {}
     references: dict[tuple[float, float], int] = defaultdict(int)
     for path in paths:
-        for row in read_rows(path):
+        for row in read(path):
             if not row.get("curve") or not row.get("arch"):
                 continue
             config = ArchConfig.from_dict(json.loads(row["arch"]))
@@ -199,7 +191,7 @@ def repeated_crams(table: Path, crams_dir: Path, study_rows: dict[str, list[dict
             found.setdefault((arch_key(cram.config), cram.seed), cram)
     hands = dict(warm_starts())
     for path in sorted(crams_dir.glob("*-confirm.csv")):
-        for row in read_rows(path):
+        for row in read(path):
             if row.get("budget") != TRIAL_BUDGET or not row.get("validation_loss"):
                 continue
             name = row["configuration"]
@@ -299,7 +291,7 @@ def build(table: Path, crams: Path, members: int, folds: int, repeats: int, boot
     reports, rungs = schedule()
     final = reports
     paths = study_files(crams)
-    study_rows = {path.stem: read_rows(path) for path in paths}
+    study_rows = {path.stem: read(path) for path in paths}
     curves, references = read_curves(paths)
     space = load_space(default_space_path("cpu"))
     model = fit_curves(curves, space, folds, repeats, boot, seed)

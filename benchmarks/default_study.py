@@ -355,6 +355,9 @@ def long_table(rows: list[dict], planned: int = 200) -> str:
              f"| controller's trials 0.1 nats below {BASELINE} | FLOPs |", "|---|---|---|---|---|---|---|"]
     for read in [read for read in LONG_READS if read <= len(by_number)] or [len(by_number)]:
         done = trained(by_number[:read])
+        if not done:  # an export before its first trial ended
+            lines.append(f"| {read} | 0 | - | - | - | - | 0 |")
+            continue
         best = min(done, key=lambda row: float(row["validation_loss"]))
         own = [row for row in done if not row["first_draw"]]
         best_own = min((float(row["validation_loss"]) for row in own), default=None)

@@ -20,7 +20,15 @@ from typing import Any
 
 from space.errors import CramnasError
 from space.vocabulary import (
-    ABSOLUTE_POSITIONS, FFN_ACTIVATION, GATED_FFN_KINDS, VOCABULARIES, Activation, FfnKind, NormKind, NormPlacement, Position,
+    ABSOLUTE_POSITIONS,
+    FFN_ACTIVATION,
+    GATED_FFN_KINDS,
+    VOCABULARIES,
+    Activation,
+    FfnKind,
+    NormKind,
+    NormPlacement,
+    Position,
 )
 
 # The names each categorical field takes, as plain strings for messages: space.vocabulary's, which

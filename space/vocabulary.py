@@ -17,7 +17,7 @@ from __future__ import annotations
 from enum import Enum
 
 
-class Name(str, Enum):
+class Name(str, Enum):  # noqa: UP042 - (str, Enum) on purpose: see the docstring
     """One name of a vocabulary, printed as its plain string."""
 
     def __str__(self) -> str:

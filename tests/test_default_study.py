@@ -33,6 +33,21 @@ def test_asha_replayed_weighs_what_a_stopped_trial_spent_by_its_cost():
     assert replay.stopped_at == [None, 1] and replay.budget_share == pytest.approx((1 + 3 / 3) / 4)
 
 
+def test_the_200_trial_table_reads_prefixes_as_far_as_the_study_ran(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import default_study
+
+    def row(trial, state, loss="", first_draw=""):
+        return {"trial": str(trial), "state": state, "validation_loss": loss, "first_draw": first_draw,
+                "architecture": f"arch{trial}", "tokens": "1000", "flops_per_token": "1e6"}
+    rows = [row(0, "complete", "5.0", "warm start sized-cpu"), row(1, "complete", "4.8"), row(2, "running")]
+    text = default_study.long_table(rows, planned=200)
+    assert "2 of its 200 trials have run so far" in text and "1 more were cut short" in text
+    assert "| 2 | 2 | 1 arch1 | 4.800 | 4.800 | 1 of 1 | 2e+09 |" in text
+    # An export before any trial ended reads as such, not as an error.
+    assert "| 0 | 0 | - | - | - | - | 0 |" in default_study.long_table([row(0, "running")])
+
+
 @pytest.mark.slow  # imports search.run (torch) and bootstraps every report
 def test_the_results_tables_come_from_the_stored_crams_alone(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "default_study.py"), "report"], cwd=tmp_path,
