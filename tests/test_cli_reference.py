@@ -74,3 +74,24 @@ def test_the_reference_is_what_the_parsers_say_today():
     gen = generator()
     assert PAGE.read_text(encoding="utf-8") == gen.render(), \
         "docs/cli.md is stale (a flag, its help or default changed): run python docs/gen_cli.py"
+
+
+def test_every_flag_the_readme_and_the_docs_show_is_one_their_command_takes():
+    """A command as README.md or a docs page shows it (`python -m search.run ... --flag`) uses only
+    flags of that command: checked against the reference, which the tests above check against the
+    parsers (so this needs no import and runs in the edit loop)."""
+    page = sections(PAGE.read_text(encoding="utf-8"))
+    wrong = []
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        if path == PAGE:
+            continue
+        text = re.sub(r"\\\n\s*", " ", path.read_text(encoding="utf-8"))  # a command continued with a backslash
+        commands = (found for part in re.split(r"&&|;|\n", text)  # one command a part
+                    for found in re.findall(r"python -m ([\w.]+)((?:[ \t]+[^\s#|`]+)*)", part))
+        for command, rest in commands:
+            if command not in page:  # pip, pytest, ...: not ours
+                continue
+            for flag in re.findall(r"(?<!\S)(--[\w-]+)", rest):
+                if not re.search(rf"`{re.escape(flag)}[ `,=]", page[command]):
+                    wrong.append(f"{path.relative_to(REPO)}: python -m {command} {flag}")
+    assert not wrong, f"flags their command does not take: {wrong}"
