@@ -256,6 +256,17 @@ def test_prepared_rows_are_the_document_stream(toy_data, toy_data_dir):
 # --- cache ---------------------------------------------------------------------------------------
 
 
+def test_a_copy_of_the_same_files_is_the_same_data_and_an_edit_is_not(toy_data, toy_data_dir, toy_cache, tmp_path,
+                                                                       monkeypatch):
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(toy_data_dir, copy)  # another path and mtime, the same bytes: a fresh checkout's data
+    monkeypatch.setattr(tokenizer_module, "train_wordpiece", lambda *args, **kwargs: pytest.fail("retrained"))
+    again = prepare_data(CorpusSource.from_args(data_dir=copy), vocab_size=VOCAB, seq_len=32, cache_dir=toy_cache)
+    assert again.from_cache and again.fingerprint == toy_data.fingerprint
+    write_parquet(copy / "pretrain" / "toy" / "validation.parquet", toy_documents(40, seed=3))
+    assert CorpusSource.from_args(data_dir=copy).identity() != CorpusSource.from_args(data_dir=toy_data_dir).identity()
+
+
 def test_second_call_is_a_cache_hit_without_any_work(toy_data, toy_data_dir, toy_cache, monkeypatch):
     train_file = toy_data.tokenizer_path.parent / "train.bin"
     tokenizer_files = list((toy_cache / "tokenizers").iterdir())
