@@ -10,18 +10,24 @@ ranks the final loss (the measurement behind early stopping's default); and the 
     # sized-cpu at 2x and 4x with the confirmation seeds (python -m trainer.cram ... --seed 1001 --out DIR)
     python benchmarks/default_study.py export-crams --name sized-cpu-ladder --configuration sized-cpu DIR [DIR ...]
     python benchmarks/default_study.py report        # the RESULTS tables, from benchmarks/crams/ alone
+    # on another machine: the study back into a storage, then  python -m search.run ... --study default-200 --resume
+    python benchmarks/default_study.py restore --study default-200 --storage sqlite:///optuna.db
 
 Every cram behind the tables is a row of a small CSV under benchmarks/crams/, keyed by (study,
 trial) or by (configuration, budget, seed): never by the architecture's fingerprint, which a change
-of `ArchConfig.canonical` may respell. `report` reads nothing else.
+of `ArchConfig.canonical` may respell. `report` reads nothing else. `export` also keeps the study's
+Optuna records (`<study>.optuna.jsonl.gz`, an Optuna journal): a study longer than one machine's
+life (the 200-trial one) is restored from it and resumed where it stopped.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import statistics
+import tempfile
 from pathlib import Path
 
 from search.analysis.accounting import compute_equivalent, payback
@@ -66,7 +72,7 @@ def export_study(study_name: str, storage: str, tracking_uri: str | None) -> lis
                      "arch": json.dumps(arch, sort_keys=True) if arch else "",
                      # how far a trial that ASHA stopped got: its share of the budget at its last report
                      "budget_fraction": metrics.get("budget_fraction", "")})
-    written = [write(CRAMS / f"{study_name}.csv", TRIAL_COLUMNS, rows)]
+    written = [write(CRAMS / f"{study_name}.csv", TRIAL_COLUMNS, rows), keep_study(study_name, storage)]
     if tracking_uri:
         written.append(write(CRAMS / f"{study_name}-confirm.csv", RUN_COLUMNS, confirmation_rows(study_name, tracking_uri)))
     return written
@@ -107,6 +113,52 @@ def write(path: Path, columns: list[str], rows: list[dict]) -> Path:
         writer.writeheader()
         writer.writerows(rows)
     return path
+
+
+# ---- keep and restore: a study's Optuna records, so that it outlives the machine that runs it -----
+
+def journal(path: Path):
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+def keep_study(study_name: str, storage: str, crams: Path = CRAMS) -> Path:
+    """Every record of the study (its settings; each trial's parameters, state, reports and
+    attributes, a running one included) as a gzipped Optuna journal, `<study>.optuna.jsonl.gz`."""
+    import optuna
+
+    path = crams / f"{study_name}.optuna.jsonl.gz"
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = Path(scratch) / "journal.log"
+        optuna.copy_study(from_study_name=study_name, from_storage=storage, to_storage=journal(copy))
+        # Optuna names the writing process in each line with a fresh UUID; one fixed name instead makes
+        # an unchanged study the same file, so that a re-export is no change for git.
+        lines = [json.dumps({**json.loads(line), "worker_id": "kept"}, separators=(",", ":"))
+                 for line in copy.read_text().splitlines()]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as out, gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as packed:
+            packed.write(("\n".join(lines) + "\n").encode())
+    return path
+
+
+def restore_study(study_name: str, storage: str, crams: Path = CRAMS) -> None:
+    """The kept study copied into `storage`, where `search.run --study NAME --resume` goes on with it
+    (its trials left running are failed and run again; MLflow's runs are rewritten from it)."""
+    import optuna
+
+    path = crams / f"{study_name}.optuna.jsonl.gz"
+    if not path.is_file():
+        raise SystemExit(f"restore --study: no {path}; `export --study {study_name}` keeps a study there")
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = Path(scratch) / "journal.log"
+        copy.write_bytes(gzip.decompress(path.read_bytes()))
+        try:
+            optuna.copy_study(from_study_name=study_name, from_storage=journal(copy), to_storage=storage)
+        except optuna.exceptions.DuplicatedStudyError:
+            raise SystemExit(f"restore --storage: {storage} holds a study {study_name} already; resume it there "
+                             "or pass an empty storage") from None
 
 
 # ---- report: the tables, from the CSVs alone --------------------------------------------------
@@ -385,7 +437,8 @@ def report() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    export = commands.add_parser("export", help="one study's trials (and its confirmations) into benchmarks/crams/")
+    export = commands.add_parser("export", help="one study's trials (and its confirmations) into benchmarks/crams/, "
+                                 "and its Optuna records for `restore`")
     export.add_argument("--study", required=True)
     export.add_argument("--storage", required=True, help="its Optuna storage, e.g. sqlite:///optuna.db")
     export.add_argument("--tracking-uri", help="its MLflow store, for search.confirm's runs")
@@ -393,11 +446,18 @@ def main(argv: list[str] | None = None) -> int:
     crams.add_argument("--name", required=True)
     crams.add_argument("--configuration", required=True, help="what was crammed, e.g. sized-cpu")
     crams.add_argument("runs", nargs="+")
+    restore = commands.add_parser("restore", help="a kept study into an Optuna storage, for search.run --resume")
+    restore.add_argument("--study", required=True)
+    restore.add_argument("--storage", required=True, help="where search.run will resume it, e.g. sqlite:///optuna.db")
     commands.add_parser("report", help="the tables, from benchmarks/crams/ alone")
     args = parser.parse_args(argv)
     if args.command == "export":
         for path in export_study(args.study, args.storage, args.tracking_uri):
             print(f"wrote {path}")
+    elif args.command == "restore":
+        restore_study(args.study, args.storage)
+        print(f"restored {args.study} into {args.storage}; continue it with  python -m search.run "
+              f"--study {args.study} --resume ... (the flags it was started with)")
     elif args.command == "export-crams":
         print(f"wrote {export_crams(args.name, args.configuration, args.runs)}")
     else:

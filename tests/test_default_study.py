@@ -48,6 +48,43 @@ def test_the_200_trial_table_reads_prefixes_as_far_as_the_study_ran(monkeypatch)
     assert "| 0 | 0 | - | - | - | - | 0 |" in default_study.long_table([row(0, "running")])
 
 
+def test_a_kept_study_restores_with_every_record_a_resume_reads(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import default_study
+    import optuna
+
+    source = f"sqlite:///{tmp_path / 'ran.db'}"
+    study = optuna.create_study(study_name="long", storage=source)
+    study.set_user_attr("controller", "gp")
+    study.enqueue_trial({"x": 0.5}, user_attrs={"warm_start": "sized-cpu"})
+    for number in range(3):
+        trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+        trial.report(5.0 - number, step=1)
+        trial.set_user_attr("curve", [[1, 5.0 - number]])
+        if number < 2:
+            study.tell(trial, trial.params["x"] if number == 0 else None,
+                       state=optuna.trial.TrialState.COMPLETE if number == 0 else optuna.trial.TrialState.FAIL)
+    # the third is left running, as a stopped driver leaves it
+    kept = default_study.keep_study("long", source, crams=tmp_path)
+    first = kept.read_bytes()
+    assert default_study.keep_study("long", source, crams=tmp_path).read_bytes() == first  # same records, same file
+
+    target = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    default_study.restore_study("long", target, crams=tmp_path)
+    restored = optuna.load_study(study_name="long", storage=target)
+    assert restored.user_attrs == {"controller": "gp"}
+
+    def records(trials):
+        return [(t.number, t.state, t.params, t.values, t.intermediate_values, t.user_attrs, t.distributions)
+                for t in trials]
+    assert records(restored.get_trials()) == records(study.get_trials())
+    assert [t.state.name for t in restored.get_trials()] == ["COMPLETE", "FAIL", "RUNNING"]
+    with pytest.raises(SystemExit, match="holds a study long already"):
+        default_study.restore_study("long", target, crams=tmp_path)
+    with pytest.raises(SystemExit, match="no .*other.optuna.jsonl.gz"):
+        default_study.restore_study("other", target, crams=tmp_path)
+
+
 @pytest.mark.slow  # imports search.run (torch) and bootstraps every report
 def test_the_results_tables_come_from_the_stored_crams_alone(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "default_study.py"), "report"], cwd=tmp_path,
