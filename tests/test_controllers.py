@@ -372,3 +372,29 @@ def test_a_re_run_cut_short_inside_ask_is_re_run_with_its_originals_whole_archit
     assert (rerun.rerun_of, rerun.config, rerun.fingerprint) == (cut_in_ask.number, in_flight.config, in_flight.fingerprint)
     assert again.trials[rerun.number].params == again.trials[in_flight.number].params
     assert rerun_cut_short(again, limit=5) == []  # each once
+
+
+@pytest.mark.parametrize("dies_at", ["fingerprint", "arch"])
+def test_a_driver_killed_between_the_draws_writes_leaves_a_whole_draw_or_none(dies_at, space, tmp_path, monkeypatch):
+    """`ask` records a draw in two writes; the driver can die between them (seen under load in
+    tests/reliability/test_driver_crash.py). A trial holding `arch`, the mark of a recorded draw that
+    re-runs and readers rely on, holds its fingerprint too; one without it is re-run as drawn-nothing."""
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = open_study("s", url, "tpe", "mlm", space, seed=3)
+    run(study, space, 3)
+    write = optuna.trial.Trial.set_user_attr
+
+    def dying(self, key, value):
+        if key == dies_at:
+            raise KeyboardInterrupt  # the driver killed before this write
+        write(self, key, value)
+    monkeypatch.setattr(optuna.trial.Trial, "set_user_attr", dying)
+    with pytest.raises(KeyboardInterrupt):
+        ask(study, space)
+    monkeypatch.undo()
+
+    resumed = open_study("s", url, "tpe", "mlm", space, seed=3, resume=True)
+    cut = fail_stale_running(resumed)
+    left = resumed.trials[cut[0]].user_attrs
+    assert "arch" not in left or "fingerprint" in left
+    assert rerun_cut_short(resumed, limit=5) == ([cut[0]] if "arch" in left else [])

@@ -311,8 +311,11 @@ def ask(study: optuna.Study, space: SearchSpace) -> Proposal:
     config, draw = space.sample(OptunaDraws(study))
     trial = draw.trial
     fingerprint = config.fingerprint()
-    trial.set_user_attr(attrs.ARCH, config.to_dict())
+    # `arch` last: it marks a recorded draw (rerun_cut_short, _drawn_original), so a driver killed
+    # between the two writes leaves a trial that reads as cut inside `ask`, never an `arch` without
+    # its fingerprint (seen under load in tests/reliability/test_driver_crash.py).
     trial.set_user_attr(attrs.FINGERPRINT, fingerprint)
+    trial.set_user_attr(attrs.ARCH, config.to_dict())
     rerun_of = trial.user_attrs.get(attrs.RERUN_OF)
     if rerun_of is not None:
         # The sampler's before_trial ran for it too (evolution bred a child it never hands out,
