@@ -401,8 +401,9 @@ def long_table(rows: list[dict], planned: int = 200) -> str:
     by_number = sorted((row for row in rows if row["state"] != "running"), key=lambda row: int(row["trial"]))
     cut = len(rows) - len(by_number)  # cut short when the driver stopped: a resume runs them again
     lines = [f"{len(by_number)} of its {planned} trials have run" + ("." if len(by_number) >= planned else
-             " so far (it resumes with --resume): the reads below stop there")
-             + (f"; {cut} more were cut short when it was stopped, and run again on resume." if cut else "."), "",
+             " so far (`restore`, then `search.run --resume`, goes on): the reads below stop there")
+             + (f"; {cut} more were running when it was exported (a resume runs again what was cut short)." if cut else "."),
+             "",
              "| after trials | trained to the end | best trial | its loss | controller's best "
              f"| controller's trials 0.1 nats below {BASELINE} | FLOPs |", "|---|---|---|---|---|---|---|"]
     for read in [read for read in LONG_READS if read <= len(by_number)] or [len(by_number)]:
@@ -430,7 +431,10 @@ def report() -> str:
         sections += [f"### With --early-stop (grace {ASHA['grace_reports']}, reduction {ASHA['reduction_factor']})",
                      early_table(early), "### Their winners confirmed", confirmation_table(early)]
     if (CRAMS / f"{LONG_STUDY}.csv").exists():
-        sections += [f"### The 200-trial study ({LONG_STUDY})", long_table(read(CRAMS / f"{LONG_STUDY}.csv"))]
+        long_rows = {LONG_STUDY: read(CRAMS / f"{LONG_STUDY}.csv")}
+        sections += [f"### The 200-trial study ({LONG_STUDY})", long_table(long_rows[LONG_STUDY])]
+        if (CRAMS / f"{LONG_STUDY}-confirm.csv").exists():
+            sections += ["### Its winner confirmed", confirmation_table(long_rows)]
     return "\n\n".join(sections)
 
 
