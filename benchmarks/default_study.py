@@ -400,7 +400,7 @@ def long_table(rows: list[dict], planned: int = 200) -> str:
     many trials would have found: the controller does not know the count), as far as it has run."""
     by_number = sorted((row for row in rows if row["state"] != "running"), key=lambda row: int(row["trial"]))
     cut = len(rows) - len(by_number)  # cut short when the driver stopped: a resume runs them again
-    lines = [f"{len(by_number)} of its {planned} trials have run" + ("." if len(by_number) >= planned else
+    lines = [f"{len(by_number)} of its {planned} trials have run" + ("" if len(by_number) >= planned else
              " so far (`restore`, then `search.run --resume`, goes on): the reads below stop there")
              + (f"; {cut} more were running when it was exported (a resume runs again what was cut short)." if cut else "."),
              "",
