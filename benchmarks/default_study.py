@@ -33,11 +33,12 @@ from pathlib import Path
 from search.analysis.accounting import compute_equivalent, payback
 from search.analysis.stats import interval, paired
 from search.base.paths import PROFILES
-from search.run import load_profile
+from search.run import check_storage, load_profile
 from search.study import asha
 from search.study.estimate import asha_rungs
 from search.study.stopped import rung_ranking
 from space.arch import ArchConfig
+from space.errors import UsageError
 
 CRAMS = Path(__file__).resolve().parent / "crams"
 TRIAL_COLUMNS = ["study", "trial", "state", "first_draw", "repeat_of", "architecture", "validation_loss",
@@ -124,12 +125,16 @@ def journal(path: Path):
     return JournalStorage(JournalFileBackend(str(path)))
 
 
+def kept(study_name: str, crams: Path = CRAMS) -> Path:
+    return crams / f"{study_name}.optuna.jsonl.gz"
+
+
 def keep_study(study_name: str, storage: str, crams: Path = CRAMS) -> Path:
     """Every record of the study (its settings; each trial's parameters, state, reports and
     attributes, a running one included) as a gzipped Optuna journal, `<study>.optuna.jsonl.gz`."""
     import optuna
 
-    path = crams / f"{study_name}.optuna.jsonl.gz"
+    path = kept(study_name, crams)
     with tempfile.TemporaryDirectory() as scratch:
         copy = Path(scratch) / "journal.log"
         optuna.copy_study(from_study_name=study_name, from_storage=storage, to_storage=journal(copy))
@@ -148,9 +153,13 @@ def restore_study(study_name: str, storage: str, crams: Path = CRAMS) -> None:
     (its trials left running are failed and run again; MLflow's runs are rewritten from it)."""
     import optuna
 
-    path = crams / f"{study_name}.optuna.jsonl.gz"
+    path = kept(study_name, crams)
     if not path.is_file():
         raise SystemExit(f"restore --study: no {path}; `export --study {study_name}` keeps a study there")
+    try:
+        check_storage(storage, "restore --storage")  # a bad URL in one line, not SQLAlchemy's traceback
+    except UsageError as error:
+        raise SystemExit(str(error)) from None
     with tempfile.TemporaryDirectory() as scratch:
         copy = Path(scratch) / "journal.log"
         copy.write_bytes(gzip.decompress(path.read_bytes()))
@@ -399,7 +408,7 @@ def long_table(rows: list[dict], planned: int = 200) -> str:
     """The 200-trial study read after its first 32, 64, ... trials (a prefix is what a study of that
     many trials would have found: the controller does not know the count), as far as it has run."""
     by_number = sorted((row for row in rows if row["state"] != "running"), key=lambda row: int(row["trial"]))
-    cut = len(rows) - len(by_number)  # cut short when the driver stopped: a resume runs them again
+    cut = len(rows) - len(by_number)  # running at the export: a resume runs again what the driver's end cut short
     lines = [f"{len(by_number)} of its {planned} trials have run" + ("" if len(by_number) >= planned else
              " so far (`restore`, then `search.run --resume`, goes on): the reads below stop there")
              + (f"; {cut} more were running when it was exported (a resume runs again what was cut short)." if cut else "."),

@@ -210,8 +210,9 @@ def repeat_warning_for_study(budget: Budget, space: SearchSpace, train: TrainCon
     return None if warning is None else f"{warning} (per trial)"
 
 
-def check_storage(storage: str) -> str:
-    """Open the Optuna storage now: a bad URL fails before the data is prepared, in one line."""
+def check_storage(storage: str, flag: str = "--storage (or $CRAMNAS_STUDY_STORAGE)") -> str:
+    """Open the Optuna storage now: a bad URL fails before the data is prepared, in one line that
+    names the `flag` it came from."""
     import optuna
 
     from search.tracking.retry import first_line
@@ -219,7 +220,7 @@ def check_storage(storage: str) -> str:
     try:
         optuna.storages.get_storage(storage)
     except Exception as error:  # noqa: BLE001 - SQLAlchemy's errors for a bad URL, driver or file
-        raise UsageError(f"--storage (or $CRAMNAS_STUDY_STORAGE): cannot open {storage} ({first_line(error)}); pass an "
+        raise UsageError(f"{flag}: cannot open {storage} ({first_line(error)}); pass an "
                          "SQLAlchemy URL such as sqlite:///optuna.db") from None
     return storage
 

@@ -81,6 +81,8 @@ def test_a_kept_study_restores_with_every_record_a_resume_reads(monkeypatch, tmp
     assert [t.state.name for t in restored.get_trials()] == ["COMPLETE", "FAIL", "RUNNING"]
     with pytest.raises(SystemExit, match="holds a study long already"):
         default_study.restore_study("long", target, crams=tmp_path)
+    with pytest.raises(SystemExit, match="^restore --storage: cannot open sqlite:////proc/none/optuna.db"):
+        default_study.restore_study("long", "sqlite:////proc/none/optuna.db", crams=tmp_path)
     with pytest.raises(SystemExit, match="no .*other.optuna.jsonl.gz"):
         default_study.restore_study("other", target, crams=tmp_path)
 
