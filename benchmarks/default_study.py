@@ -7,8 +7,10 @@ ranks the final loss (the measurement behind early stopping's default); and the 
     # and    python -m search.confirm --study default-sS --top 1 --seeds 3 --baselines sized-cpu --data ../shared/data
     #        (and the same with --early-stop --study early-sS)
     python benchmarks/default_study.py export --study default-s0 --storage sqlite:///optuna.db --tracking-uri sqlite:///mlflow.db
-    # sized-cpu at 2x and 4x with the confirmation seeds (python -m trainer.cram ... --seed 1001 --out DIR)
+    # sized-cpu at 2x, 4x, 8x, 16x with the confirmation seeds (python -m trainer.cram ... --seed 1001 --out DIR)
     python benchmarks/default_study.py export-crams --name sized-cpu-ladder --configuration sized-cpu DIR [DIR ...]
+    # the other hand designs at 1x with the same seeds, which one a winner has to beat
+    python benchmarks/default_study.py export-crams --name hand-designs --configuration neobert-cpu DIR [DIR ...]
     python benchmarks/default_study.py report        # the RESULTS tables, from benchmarks/crams/ alone
     # on another machine: the study back into a storage, then  python -m search.run ... --study default-200 --resume
     python benchmarks/default_study.py restore --study default-200 --storage sqlite:///optuna.db
@@ -39,6 +41,7 @@ from search.study.estimate import asha_rungs
 from search.study.stopped import rung_ranking
 from space.arch import ArchConfig
 from space.errors import UsageError
+from trainer.budget import Budget
 
 CRAMS = Path(__file__).resolve().parent / "crams"
 TRIAL_COLUMNS = ["study", "trial", "state", "first_draw", "repeat_of", "architecture", "validation_loss",
@@ -47,6 +50,7 @@ TRIAL_COLUMNS = ["study", "trial", "state", "first_draw", "repeat_of", "architec
 RUN_COLUMNS = ["name", "kind", "configuration", "budget", "seed", "validation_loss", "tokens", "flops_per_token",
                "seconds"]
 BASELINE = "sized-cpu"
+HAND_DESIGNS = "hand-designs"  # the other hand designs crammed on the confirmations' seeds
 TRIAL_FLOPS = 2e12  # the README's trial budget, 2e12flops
 ASHA = load_profile(PROFILES / "cpu.yaml")["early_stop"]  # the rungs `search.run --early-stop` uses
 
@@ -98,13 +102,21 @@ def confirmation_rows(study_name: str, tracking_uri: str) -> list[dict]:
 
 
 def export_crams(name: str, configuration: str, run_dirs: list[str]) -> Path:
-    """trainer.cram runs of `configuration` (each directory's result.json) as rows of `<name>.csv`."""
-    rows = []
+    """trainer.cram runs of `configuration` (each directory's result.json) added to `<name>.csv`: a
+    run of the same configuration, budget and seed replaces its row, every other row stays."""
+    path = CRAMS / f"{name}.csv"
+    rows = {cram_key(row): row for row in (read(path) if path.is_file() else [])}
     for run_dir in run_dirs:
         result = json.loads((Path(run_dir) / "result.json").read_text())
-        rows.append({"name": name, "kind": "baseline", "configuration": configuration, "budget": result["budget"],
-                     "seed": result["seed"], **{key: result[key] for key in RUN_COLUMNS[5:]}})
-    return write(CRAMS / f"{name}.csv", RUN_COLUMNS, sorted(rows, key=lambda row: (row["budget"], int(row["seed"]))))
+        row = {"name": name, "kind": "baseline", "configuration": configuration, "budget": result["budget"],
+               "seed": result["seed"], **{key: result[key] for key in RUN_COLUMNS[5:]}}
+        rows[cram_key(row)] = row
+    return write(path, RUN_COLUMNS, sorted(rows.values(), key=cram_key))
+
+
+def cram_key(row: dict) -> tuple[str, float, int]:
+    """What a cram is: its configuration, budget (as FLOPs, however it was spelled) and seed."""
+    return row["configuration"], Budget.parse(row["budget"]).amount, int(row["seed"])
 
 
 def write(path: Path, columns: list[str], rows: list[dict]) -> Path:
@@ -330,12 +342,29 @@ def multiple_text(multiple: float | None, ladder: dict[float, float]) -> str:
     return "1x or less" if multiple <= min(ladder) else f"{multiple:.1f}x"
 
 
+def baseline_seeds(budget: str = "2e12flops") -> dict[int, float]:
+    """sized-cpu on the confirmations' fresh seeds. It is crammed once per seed: its runs are the same
+    cram whichever study confirmed them."""
+    return {seed: loss for path in sorted(CRAMS.glob("*-confirm.csv"))
+            for seed, loss in seeds(read(path), BASELINE, budget).items()}
+
+
+def compute_ladder(theirs: dict[int, float]) -> tuple[dict[float, float], list[dict]]:
+    """sized-cpu's mean loss at each multiple of the trial budget (1x: the confirmations' seeds; the
+    rest: every budget of crams/sized-cpu-ladder.csv, same seeds), and the ladder's rows."""
+    path = CRAMS / f"{BASELINE}-ladder.csv"
+    rows = read(path) if path.is_file() else []
+    ladder = {1.0: statistics.mean(theirs.values())}
+    for budget in {row["budget"] for row in rows if row["configuration"] == BASELINE}:
+        ladder[Budget.parse(budget).amount / TRIAL_FLOPS] = statistics.mean(seeds(rows, BASELINE, budget).values())
+    return dict(sorted(ladder.items())), rows
+
+
 def confirmation_table(all_rows: dict[str, list[dict]], budget: str = "2e12flops") -> str:
-    ladder_rows = read(CRAMS / f"{BASELINE}-ladder.csv") if (CRAMS / f"{BASELINE}-ladder.csv").is_file() else []
     confirmed = {name: read(CRAMS / f"{name}-confirm.csv") for name in all_rows if (CRAMS / f"{name}-confirm.csv").is_file()}
-    # The baseline is crammed once per seed: its runs are the same cram whichever study confirmed them.
-    theirs = {seed: loss for path in sorted(CRAMS.glob("*-confirm.csv"))
-              for seed, loss in seeds(read(path), BASELINE, budget).items()}
+    theirs = baseline_seeds(budget)
+    ladder, ladder_rows = compute_ladder(theirs)
+    multiples = list(ladder)
     lines = [f"| study | winner | winner, 3 fresh seeds | {BASELINE}, same seeds | paired (winner - {BASELINE}) | "
              f"{BASELINE}'s compute for the winner's loss | search FLOPs in final runs | payback (final runs) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -344,13 +373,7 @@ def confirmation_table(all_rows: dict[str, list[dict]], budget: str = "2e12flops
         candidate = next(row["configuration"] for row in runs if row["kind"] == "confirmation")
         ours = seeds(runs, candidate, budget)
         difference = paired(ours, theirs)
-        ladder = {1.0: statistics.mean(theirs.values())}
-        for multiple in (2, 4, 8):
-            at = seeds(ladder_rows, BASELINE, f"{multiple * 2}e12flops")
-            if at:
-                ladder[float(multiple)] = statistics.mean(at.values())
-        multiples = sorted(ladder)
-        multiple = compute_equivalent(multiples, [ladder[m] for m in multiples], statistics.mean(ours.values()))
+        multiple = compute_equivalent(multiples, list(ladder.values()), statistics.mean(ours.values()))
         # The search's compute, as benchmarks/accounting.py counts it: every trial it trained and the
         # winner's confirmations (a user runs both before the final cram).
         search_flops = spent_flops(rows) + sum(cram_flops(run) for run in runs if run["configuration"] == candidate)
@@ -362,8 +385,21 @@ def confirmation_table(all_rows: dict[str, list[dict]], budget: str = "2e12flops
                      f"| {difference.text()} | {multiple_text(multiple, ladder)} | "
                      f"{account['search_in_final_runs']:.1f} | {paid} |")
     ladder_text = ", ".join(f"{budget}: {interval(seeds(ladder_rows, BASELINE, budget).values()).text()}"
-                            for budget in ("4e12flops", "8e12flops") if seeds(ladder_rows, BASELINE, budget))
+                            for budget in sorted({row["budget"] for row in ladder_rows}, key=lambda b: Budget.parse(b).amount))
     return "\n".join(lines) + (f"\n\n{BASELINE} up the compute axis, same seeds: {ladder_text}." if ladder_text else "")
+
+
+def hand_design_table(budget: str = "2e12flops") -> str:
+    """The other hand designs on the confirmations' fresh seeds beside sized-cpu, strongest first:
+    which hand design a winner has to beat."""
+    theirs = baseline_seeds(budget)
+    rows = read(CRAMS / f"{HAND_DESIGNS}.csv")
+    designs = {configuration: seeds(rows, configuration, budget) for configuration in {row["configuration"] for row in rows}}
+    lines = [f"| hand design | 3 fresh seeds | paired (it - {BASELINE}) |", "|---|---|---|",
+             f"| {BASELINE} | {interval(theirs.values()).text()} | - |"]
+    for configuration, ours in sorted(designs.items(), key=lambda item: statistics.mean(item[1].values())):
+        lines.append(f"| {configuration} | {interval(ours.values()).text()} | {paired(ours, theirs).text()} |")
+    return "\n".join(lines)
 
 
 def early_table(all_rows: dict[str, list[dict]]) -> str:
@@ -432,9 +468,11 @@ def long_table(rows: list[dict], planned: int = 200) -> str:
 
 def report() -> str:
     all_rows = studies()
-    sections = ["### Each study", study_table(all_rows), "### Winners confirmed", confirmation_table(all_rows),
-                "### Rungs: how well a progress report ranks the end", rung_table(all_rows),
-                "### ASHA replayed with other rungs", replay_table(all_rows)]
+    sections = ["### Each study", study_table(all_rows), "### Winners confirmed", confirmation_table(all_rows)]
+    if (CRAMS / f"{HAND_DESIGNS}.csv").is_file():
+        sections += ["### The hand designs on the same seeds", hand_design_table()]
+    sections += ["### Rungs: how well a progress report ranks the end", rung_table(all_rows),
+                 "### ASHA replayed with other rungs", replay_table(all_rows)]
     early = studies("early")
     if early:
         sections += [f"### With --early-stop (grace {ASHA['grace_reports']}, reduction {ASHA['reduction_factor']})",

@@ -87,6 +87,33 @@ def test_a_kept_study_restores_with_every_record_a_resume_reads(monkeypatch, tmp
         default_study.restore_study("other", target, crams=tmp_path)
 
 
+def test_stored_crams_are_added_to_not_overwritten_and_the_ladder_reads_every_budget(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import json
+
+    import default_study
+
+    monkeypatch.setattr(default_study, "CRAMS", tmp_path / "crams")
+
+    def cram(name, budget, seed, loss):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "result.json").write_text(json.dumps({"budget": budget, "seed": seed, "validation_loss": loss,
+                                                     "tokens": 1000, "flops_per_token": 2e9, "seconds": 1.0}))
+        return str(run)
+
+    default_study.export_crams("sized-cpu-ladder", "sized-cpu", [cram("a", "4e12flops", 1001, 4.5)])
+    # A later session's crams, one of them the same cram again (spelled otherwise): added, that one replaced.
+    default_study.export_crams("sized-cpu-ladder", "sized-cpu", [cram("b", "1.6e13flops", 1001, 4.0),
+                                                                 cram("c", "4000000000000flops", 1001, 4.4)])
+    rows = default_study.read(tmp_path / "crams" / "sized-cpu-ladder.csv")
+    assert [(row["budget"], row["validation_loss"]) for row in rows] == [("4000000000000flops", "4.4"),
+                                                                          ("1.6e13flops", "4.0")]
+    # The ladder is every budget stored, as a multiple of the trial budget.
+    ladder, _ = default_study.compute_ladder({1001: 5.0})
+    assert ladder == {1.0: 5.0, 2.0: 4.4, 8.0: 4.0}
+
+
 @pytest.mark.slow  # imports search.run (torch) and bootstraps every report
 def test_the_results_tables_come_from_the_stored_crams_alone(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "default_study.py"), "report"], cwd=tmp_path,
