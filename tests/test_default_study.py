@@ -122,9 +122,13 @@ def test_the_results_tables_come_from_the_stored_crams_alone(tmp_path):
     for heading in ("### Each study", "### Winners confirmed", "### Rungs", "### ASHA replayed with other rungs"):
         assert heading in out.stdout
     assert "| default-s0 |" in out.stdout
-    # The compute-equivalent multiple, interpolated in log-compute or past sized-cpu's ladder, and
-    # the payback it implies (a bound past the ladder).
-    assert "| more than 4x | 34.0 | under 11.3 |" in out.stdout and "| 2.6x | 35.0 | 21.9 |" in out.stdout
+    # The compute-equivalent multiple, interpolated in log-compute on sized-cpu's ladder (1x-8x, every
+    # budget stored), and the payback it implies.
+    assert "| 4.0x | 34.0 | 11.3 |" in out.stdout and "| 2.5x | 35.0 | 23.3 |" in out.stdout
+    assert "| 6.7x | 200.0 | 35.1 |" in out.stdout and "1.6e13flops: 4.148 ± 0.098." in out.stdout
+    # The other hand designs on the same fresh seeds, strongest first.
+    assert "### The hand designs on the same seeds" in out.stdout
+    assert "| modernbert-cpu | 5.299 ± 0.183 | +0.343 ± 0.072, outside noise |" in out.stdout
     # The studies run with --early-stop: the FLOPs of their stopped trials counted as far as they ran.
     assert "### With --early-stop" in out.stdout and "| early-s0 | 9 of 32 | 23 (2: 10, 4: 8, 8: 5) |" in out.stdout
     # The 200-trial study, read at 32, 64, ... trials as far as it has run (trials cut short left out).
