@@ -3,7 +3,7 @@ trial budget, with its own learning-rate schedule, rank the trial budget's final
 the progress report a trial makes at the same share of its budget (ASHA's rung)?
 
     CRAMNAS_CACHE=/tmp/cramnas-cache python benchmarks/budget_rungs.py --data ../shared/data [--fraction 0.25]
-    python benchmarks/budget_rungs.py --report       # the RESULTS table, from benchmarks/crams/ alone
+    python benchmarks/budget_rungs.py --report       # the RESULTS tables, from benchmarks/crams/ alone
 
 The architectures are the distinct ones that the three default studies (crams/default-sS.csv,
 `search.run`'s defaults at 2e12 FLOPs) trained to their end: each is crammed again at `--fraction`
@@ -49,6 +49,11 @@ def distinct_trials() -> list[dict]:
     return list(distinct.values())
 
 
+def arch_key(arch: dict | str) -> str:
+    """An architecture as the store keeps it: its fields as JSON, keys sorted."""
+    return json.dumps(json.loads(arch) if isinstance(arch, str) else arch, sort_keys=True)
+
+
 def store(path: Path = STORE) -> CramStore:
     return CramStore(path, lambda row: (row["study"], str(row["trial"]), row["budget"]), COLUMNS,
                      lambda row: ArchConfig.from_dict(json.loads(row["arch"])).fingerprint())
@@ -61,13 +66,13 @@ def planned(trials: list[dict], fraction: float, train: dict, data: str, cache_d
         arch = json.loads(trial["arch"])
         key = f"{trial['study']}#{trial['trial']}@{budget}"
         row = {"study": trial["study"], "trial": trial["trial"], "budget": budget, "seed": train["seed"],
-               "arch": json.dumps(arch, sort_keys=True)}
+               "arch": arch_key(arch)}
         crams.append(Cram(row, ArchConfig.from_dict(arch), worker_job(key, arch, train, budget, data, cache_dir, jobs),
                           key, f"{key} {trial['architecture']}"))
     return crams
 
 
-def report(path: Path = STORE) -> str:
+def ranking_table(path: Path = STORE) -> str:
     """Each fraction's whole crams against the trial's final, beside the in-run report at that share."""
     trials = {(row["study"], row["trial"]): row for row in distinct_trials()}
     short = [row for row in store(path).done.values() if row["validation_loss"]]
@@ -86,7 +91,7 @@ def report(path: Path = STORE) -> str:
             finals = [float(trial["validation_loss"]) for _, trial in subset]
             whole = rung_ranking([{1: loss} for loss, _ in subset], finals)
             in_run = rung_ranking([curve(trial) for _, trial in subset], finals, reports=[report_at])
-            cells += [text(whole, len(subset)), text(in_run, len(subset))]
+            cells += [rank_text(whole, len(subset)), rank_text(in_run, len(subset))]
         lines.append(f"| {budget} | {share:.0%} (report {report_at}) | {len(pairs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -110,7 +115,7 @@ def replay_table(path: Path = STORE) -> str:
         costs = [cram_flops(row) for row in done]
         best = min(range(len(done)), key=lambda index: float(done[index]["validation_loss"]))
         for budget in budgets:
-            losses = [short.get((json.dumps(json.loads(row["arch"]), sort_keys=True), budget)) for row in done]
+            losses = [short.get((arch_key(row["arch"]), budget)) for row in done]
             if None in losses:
                 continue
             share = Budget.parse(budget).amount / TRIAL_FLOPS
@@ -128,7 +133,7 @@ def replay_table(path: Path = STORE) -> str:
     return "\n".join(lines)
 
 
-def text(ranks, count: int) -> str:
+def rank_text(ranks, count: int) -> str:
     if not ranks:
         return "-"
     rank = ranks[0]
@@ -144,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", action="store_true", help="print the table from the stored crams, cram nothing")
     args = parser.parse_args(argv)
     if args.report:
-        print(report() + "\n\n" + replay_table())
+        print(ranking_table() + "\n\n" + replay_table())
         return 0
     if not args.data:
         parser.error("--data DIR is needed to cram (or --report to read the stored crams)")
@@ -155,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     kept = store()
     print(f"{len(crams)} crams at {args.fraction:g} of the trial budget: {len(kept.pending(crams))} to run", flush=True)
     kept.run(crams, cram_job, args.jobs)
-    print(report() + "\n\n" + replay_table())
+    print(ranking_table() + "\n\n" + replay_table())
     return 0
 
 
