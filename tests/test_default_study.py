@@ -125,10 +125,17 @@ def test_the_results_tables_come_from_the_stored_crams_alone(tmp_path):
     # The compute-equivalent multiple, interpolated in log-compute on sized-cpu's ladder (1x-8x, every
     # budget stored), and the payback it implies.
     assert "| 4.0x | 34.0 | 11.3 |" in out.stdout and "| 2.5x | 35.0 | 23.3 |" in out.stdout
+    # Each winner paired with the sized-cpu crams of its own confirmation (seed 1's differ in the
+    # fourth decimal from the other studies').
+    assert "| default-s1 | trial 28 | 4.248 ± 0.087 | 4.955 ± 0.126 | -0.707 ± 0.142, outside noise |" in out.stdout
     assert "| 6.7x | 200.0 | 35.1 |" in out.stdout and "1.6e13flops: 4.148 ± 0.098." in out.stdout
     # The other hand designs on the same fresh seeds, strongest first.
     assert "### The hand designs on the same seeds" in out.stdout
-    assert "| modernbert-cpu | 5.299 ± 0.183 | +0.343 ± 0.072, outside noise |" in out.stdout
+    assert "| modernbert-cpu | 5.299 ± 0.183 | +0.344 ± 0.073, outside noise |" in out.stdout
+    # The lead run for real: its FLOPs against its trials each run to the end, and its confirmation
+    # paired with the sized-cpu crams its own confirmation made.
+    assert "| lead-tpe-early | 16 of 62 | 46 (2: 17, 4: 19, 8: 10) |" in out.stdout and "| 5.58e+13 | 45% |" in out.stdout
+    assert "| lead-tpe-early | trial 60 | 4.262 ± 0.035 | 4.955 ± 0.126 | -0.693 ± 0.135, outside noise | 3.8x |" in out.stdout
     # The studies run with --early-stop: the FLOPs of their stopped trials counted as far as they ran.
     assert "### With --early-stop" in out.stdout and "| early-s0 | 9 of 32 | 23 (2: 10, 4: 8, 8: 5) |" in out.stdout
     # The 200-trial study, read at 32, 64, ... trials as far as it has run (trials cut short left out).
