@@ -28,6 +28,7 @@ from default_study import CRAMS, TRIAL_FLOPS, cram_flops, curve, studies, traine
 from fidelity import profile_setup
 
 from search.analysis.crams import Cram, CramStore, cram_job, worker_job
+from search.analysis.ladder import multiple_of
 from search.study import asha
 from search.study.stopped import rung_ranking
 from space.arch import ArchConfig
@@ -60,7 +61,7 @@ def store(path: Path = STORE) -> CramStore:
 
 
 def planned(trials: list[dict], fraction: float, train: dict, data: str, cache_dir: str | None, jobs: int) -> list[Cram]:
-    budget = f"{TRIAL_FLOPS * fraction:g}".replace("e+", "e") + "flops"  # 5e11flops, as a user writes it
+    budget = multiple_of(Budget.parse(f"{TRIAL_FLOPS:g}flops"), fraction).text  # 5e11flops, as a user writes it
     crams = []
     for trial in trials:
         arch = json.loads(trial["arch"])
@@ -72,10 +73,14 @@ def planned(trials: list[dict], fraction: float, train: dict, data: str, cache_d
     return crams
 
 
-def ranking_table(path: Path = STORE) -> str:
+def crammed(path: Path = STORE) -> list[dict]:
+    """The stored crams that gave a loss (a failed one is kept with its error and no loss)."""
+    return [row for row in store(path).done.values() if row["validation_loss"]]
+
+
+def ranking_table(short: list[dict]) -> str:
     """Each fraction's whole crams against the trial's final, beside the in-run report at that share."""
     trials = {(row["study"], row["trial"]): row for row in distinct_trials()}
-    short = [row for row in store(path).done.values() if row["validation_loss"]]
     reports = max(len(curve(row)) for row in trials.values()) + 1  # the progress reports and the final one
     lines = ["| budget rung | of the budget | architectures | whole cram at the rung: Spearman with the final loss "
              "(95% bootstrap) | the in-run report there | off the plateau: whole cram | off the plateau: in-run report |",
@@ -96,17 +101,14 @@ def ranking_table(path: Path = STORE) -> str:
     return "\n".join(lines)
 
 
-def replay_table(path: Path = STORE) -> str:
+def replay_table(crams: list[dict]) -> str:
     """Successive halving over budgets replayed on each default study's trials: each is crammed whole
     at the rung's budget, and crammed again at the trial budget when promoted, either as the trials
     come (ASHA's asynchronous rule, one rung: its rung loss in the best 1/reduction of those seen so
     far, as search.run would decide trial by trial) or in one bracket (all crammed at the rung first,
     then the best n // reduction, as Hyperband's brackets do; a controller would have to draw them
     all before learning from any)."""
-    short: dict[tuple[str, str], float] = {}
-    for row in store(path).done.values():
-        if row["validation_loss"]:
-            short[(row["arch"], row["budget"])] = float(row["validation_loss"])
+    short = {(row["arch"], row["budget"]): float(row["validation_loss"]) for row in crams}
     budgets = sorted({budget for _, budget in short}, key=lambda text: Budget.parse(text).amount)
     lines = ["| study | rung | promoted | " + " | ".join(f"reduction {factor}" for factor in REDUCTIONS) + " |",
              "|---|---|---|" + "---|" * len(REDUCTIONS)]
@@ -133,6 +135,10 @@ def replay_table(path: Path = STORE) -> str:
     return "\n".join(lines)
 
 
+def tables(crams: list[dict]) -> str:
+    return ranking_table(crams) + "\n\n" + replay_table(crams)
+
+
 def rank_text(ranks, count: int) -> str:
     if not ranks:
         return "-"
@@ -149,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", action="store_true", help="print the table from the stored crams, cram nothing")
     args = parser.parse_args(argv)
     if args.report:
-        print(ranking_table() + "\n\n" + replay_table())
+        print(tables(crammed()))
         return 0
     if not args.data:
         parser.error("--data DIR is needed to cram (or --report to read the stored crams)")
@@ -160,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     kept = store()
     print(f"{len(crams)} crams at {args.fraction:g} of the trial budget: {len(kept.pending(crams))} to run", flush=True)
     kept.run(crams, cram_job, args.jobs)
-    print(ranking_table() + "\n\n" + replay_table())
+    print(tables(crammed()))
     return 0
 
 

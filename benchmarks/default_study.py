@@ -354,20 +354,20 @@ def baseline_seeds(budget: str = "2e12flops") -> dict[int, float]:
     return pooled
 
 
-def compute_ladder(theirs: dict[int, float]) -> tuple[dict[float, float], list[dict]]:
-    """sized-cpu's mean loss at each multiple of the trial budget (1x: the confirmations' seeds; the
-    rest: every budget of crams/sized-cpu-ladder.csv, same seeds), and the ladder's rows."""
-    path = CRAMS / f"{BASELINE}-ladder.csv"
-    rows = read(path) if path.is_file() else []
+def compute_ladder(theirs: dict[int, float], rows: list[dict]) -> dict[float, float]:
+    """sized-cpu's mean loss at each multiple of the trial budget: 1x from the confirmations' seeds
+    (`theirs`), the rest from every budget of the ladder's `rows` (crams/sized-cpu-ladder.csv)."""
     ladder = {1.0: statistics.mean(theirs.values())}
     for budget in {row["budget"] for row in rows if row["configuration"] == BASELINE}:
         ladder[Budget.parse(budget).amount / TRIAL_FLOPS] = statistics.mean(seeds(rows, BASELINE, budget).values())
-    return dict(sorted(ladder.items())), rows
+    return dict(sorted(ladder.items()))
 
 
 def confirmation_table(all_rows: dict[str, list[dict]], budget: str = "2e12flops") -> str:
     confirmed = {name: read(CRAMS / f"{name}-confirm.csv") for name in all_rows if (CRAMS / f"{name}-confirm.csv").is_file()}
     pooled = baseline_seeds(budget)
+    ladder_path = CRAMS / f"{BASELINE}-ladder.csv"
+    ladder_rows = read(ladder_path) if ladder_path.is_file() else []
     lines = [f"| study | winner | winner, 3 fresh seeds | {BASELINE}, same seeds | paired (winner - {BASELINE}) | "
              f"{BASELINE}'s compute for the winner's loss | search FLOPs in final runs | payback (final runs) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -377,7 +377,7 @@ def confirmation_table(all_rows: dict[str, list[dict]], budget: str = "2e12flops
         ours = seeds(runs, candidate, budget)
         theirs = seeds(runs, BASELINE, budget) or pooled  # paired with the baseline its own confirmation crammed
         difference = paired(ours, theirs)
-        ladder, ladder_rows = compute_ladder(theirs)
+        ladder = compute_ladder(theirs, ladder_rows)
         multiples = list(ladder)
         multiple = compute_equivalent(multiples, list(ladder.values()), statistics.mean(ours.values()))
         # The search's compute, as benchmarks/accounting.py counts it: every trial it trained and the
@@ -390,7 +390,6 @@ def confirmation_table(all_rows: dict[str, list[dict]], budget: str = "2e12flops
         lines.append(f"| {name} | {candidate} | {interval(ours.values()).text()} | {interval(theirs.values()).text()} "
                      f"| {difference.text()} | {multiple_text(multiple, ladder)} | "
                      f"{account['search_in_final_runs']:.1f} | {paid} |")
-    ladder_rows = compute_ladder(pooled)[1]
     ladder_text = ", ".join(f"{budget}: {interval(seeds(ladder_rows, BASELINE, budget).values()).text()}"
                             for budget in sorted({row["budget"] for row in ladder_rows}, key=lambda b: Budget.parse(b).amount))
     return "\n".join(lines) + (f"\n\n{BASELINE} up the compute axis, same seeds: {ladder_text}." if ladder_text else "")

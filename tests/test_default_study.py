@@ -110,7 +110,7 @@ def test_stored_crams_are_added_to_not_overwritten_and_the_ladder_reads_every_bu
     assert [(row["budget"], row["validation_loss"]) for row in rows] == [("4000000000000flops", "4.4"),
                                                                           ("1.6e13flops", "4.0")]
     # The ladder is every budget stored, as a multiple of the trial budget.
-    ladder, _ = default_study.compute_ladder({1001: 5.0})
+    ladder = default_study.compute_ladder({1001: 5.0}, rows)
     assert ladder == {1.0: 5.0, 2.0: 4.4, 8.0: 4.0}
 
 
