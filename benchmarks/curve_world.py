@@ -52,7 +52,8 @@ from space import ArchConfig, SearchSpace, default_space_path, load_space
 from trainer.config import load_run_config
 from trainer.regimes import REGIMES, regime
 
-STUDY_FILES = ("*-s[0-9].csv", "default-200.csv")  # the studies' trials; not confirmations or ladders
+# The studies' trials, by name: not confirmations, ladders, or the screened studies' crams at two budgets.
+STUDY_FILES = ("default-s[0-9].csv", "early-s[0-9].csv", "default-200.csv")
 TRIAL_BUDGET = "2e12flops"  # the studies' trial budget: only repeated crams at it measure their noise
 PROFILE_PATH = PROFILES / "cpu.yaml"
 PROFILE = load_profile(PROFILE_PATH)

@@ -1,13 +1,15 @@
 """The study a user runs, measured (issue 38): the README's 32-trial command at three controller
 seeds, its winners confirmed with fresh seeds beside sized-cpu, and how well each progress report
 ranks the final loss (the measurement behind early stopping's default); and the same command with
-`--early-stop` (studies early-sS), what it spent against every trial run to its end; and the
-controller benchmark's lead, `--controller tpe --early-stop --trials 62` at seed 0 (lead-tpe-early).
+`--early-stop` (studies early-sS), what it spent against every trial run to its end; the
+controller benchmark's lead, `--controller tpe --early-stop --trials 62` at seed 0 (lead-tpe-early);
+and the same command screened, `--screen 4` (studies bracket-sS and their screens bracket-sS-screen).
 
     # after  python -m search.run --trials 32 --budget 2e12flops --data ../shared/data --no-probe --seed S --study default-sS
     # and    python -m search.confirm --study default-sS --top 1 --seeds 3 --baselines sized-cpu --data ../shared/data
-    #        (and the same with --early-stop --study early-sS)
+    #        (and the same with --early-stop --study early-sS, or --screen 4 --study bracket-sS)
     python benchmarks/default_study.py export --study default-s0 --storage sqlite:///optuna.db --tracking-uri sqlite:///mlflow.db
+    python benchmarks/default_study.py export --study bracket-s0-screen --storage sqlite:///optuna.db   # no confirmations
     # sized-cpu at 2x, 4x and 8x with the confirmation seeds (python -m trainer.cram ... --seed 1001 --out DIR)
     python benchmarks/default_study.py export-crams --name sized-cpu-ladder --configuration sized-cpu DIR [DIR ...]
     # the other hand designs at 1x with the same seeds, which one a winner has to beat
@@ -39,6 +41,7 @@ from search.base.paths import PROFILES
 from search.run import check_storage, load_profile
 from search.study import asha
 from search.study.estimate import asha_rungs
+from search.study.screen import SUFFIX as SCREEN_SUFFIX
 from search.study.stopped import rung_ranking
 from space.arch import ArchConfig
 from space.errors import UsageError
@@ -51,6 +54,7 @@ TRIAL_COLUMNS = ["study", "trial", "state", "first_draw", "repeat_of", "architec
 RUN_COLUMNS = ["name", "kind", "configuration", "budget", "seed", "validation_loss", "tokens", "flops_per_token",
                "seconds"]
 BASELINE = "sized-cpu"
+SCREEN = 4  # the screened studies' --screen: their screen crams at a quarter of the trial budget
 HAND_DESIGNS = "hand-designs"  # the other hand designs crammed on the confirmations' seeds
 TRIAL_FLOPS = 2e12  # the README's trial budget, 2e12flops
 ASHA = load_profile(PROFILES / "cpu.yaml")["early_stop"]  # the rungs `search.run --early-stop` uses
@@ -191,8 +195,10 @@ def read(path: Path) -> list[dict]:
 
 
 def studies(kind: str = "default", crams: Path = CRAMS) -> dict[str, list[dict]]:
-    """The studies `<kind>-sS` (default: the README's command; early: with --early-stop), by name."""
-    return {path.stem: read(path) for path in sorted(crams.glob(f"{kind}-s[0-9]*.csv")) if "-confirm" not in path.stem}
+    """The studies `<kind>-sS` (default: the README's command; early: with --early-stop; bracket: with
+    --screen 4, the promotion's trials), by name."""
+    return {path.stem: read(path) for path in sorted(crams.glob(f"{kind}-s[0-9]*.csv"))
+            if not path.stem.endswith(("-confirm", SCREEN_SUFFIX))}
 
 
 def trained(rows: list[dict]) -> list[dict]:
@@ -442,7 +448,58 @@ def early_table(all_rows: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def with_screens(all_rows: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Screened studies' trials with their screens' (`<study>-screen.csv`): what each spent in all."""
+    return {name: rows + read(CRAMS / f"{name}{SCREEN_SUFFIX}.csv") for name, rows in all_rows.items()}
+
+
+def screened_table(all_rows: dict[str, list[dict]]) -> str:
+    """Screened studies (search.run --screen 4): the screen at a quarter of the budget, the promoted
+    best quarter at the budget, the best trial, where the screen ranked it, and the FLOPs against
+    the same trials crammed whole and against the unscreened study of the same seed."""
+    unscreened = {**studies(), **({LONG_STUDY: read(CRAMS / f"{LONG_STUDY}.csv")}
+                                  if (CRAMS / f"{LONG_STUDY}.csv").is_file() else {})}
+    lines = ["| study | screened at 5e11 FLOPs | screen's best | promoted to 2e12 | best trial | its loss "
+             "| its place in the screen | first draw's best, promoted | controller's best, promoted "
+             f"| controller's promoted trials 0.1 nats below {BASELINE} | Spearman, screen vs promoted | FLOPs "
+             "| share of its trials crammed whole | share of the unscreened study |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    # sized-cpu crammed at the trial budget with the trials' seed: the same cram in every study
+    baseline = baseline_loss(trained(next(iter(unscreened.values()))))
+
+    def loss(row: dict | None) -> str:
+        return "-" if row is None else f"{float(row['validation_loss']):.3f}"
+
+    for name, rows in all_rows.items():
+        screen = trained(read(CRAMS / f"{name}{SCREEN_SUFFIX}.csv"))
+        promoted = trained(rows)
+        by_loss = lambda group: sorted(group, key=lambda row: float(row["validation_loss"]))  # noqa: E731
+        place = {row["arch"]: number for number, row in enumerate(by_loss(screen), start=1)}
+        best = by_loss(promoted)[0]
+        first = by_loss(row for row in promoted if row["first_draw"])
+        own = [row for row in promoted if not row["first_draw"]]
+        screen_loss = {row["arch"]: float(row["validation_loss"]) for row in screen}
+        rho = spearman([screen_loss[row["arch"]] for row in promoted], [float(row["validation_loss"]) for row in promoted])
+        screened, spent = sum(map(cram_flops, screen)), sum(map(cram_flops, screen + promoted))
+        twin = unscreened.get(name.replace("bracket", "default"))
+        versus = f"{spent / spent_flops(twin):.0%} ({twin[0]['study']})" if twin else "-"
+        lines.append(
+            f"| {name} | {len(screen)} | {loss(by_loss(screen)[0])} | {len(promoted)} | {named(best)} | {loss(best)} "
+            f"| {place[best['arch']]} of {len(screen)} | {loss(first[0] if first else None)}"
+            f"{' (' + first[0]['first_draw'] + ')' if first else ''} | {loss(by_loss(own)[0] if own else None)} "
+            f"| {beating(own, baseline)} "
+            f"| {rho:.2f} | {spent:.3g} | {spent / (screened * SCREEN):.0%} | {versus} |")
+    return "\n".join(lines)
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(xs, ys).statistic)
+
+
 LONG_STUDY = "default-200"  # the README's 200-trial command at the same scale, seed 0
+SCREENED_LONG = "bracket-200"  # the 200-trial command with --screen 4, seed 0
 LEAD_STUDY = "lead-tpe-early"  # the controller benchmark's lead: --controller tpe --early-stop --trials 62, seed 0
 LONG_READS = (32, 64, 100, 150, 200)
 
@@ -489,6 +546,11 @@ def report() -> str:
         sections += [f"### The 200-trial study ({LONG_STUDY})", long_table(long_rows[LONG_STUDY])]
         if (CRAMS / f"{LONG_STUDY}-confirm.csv").exists():
             sections += ["### Its winner confirmed", confirmation_table(long_rows)]
+    screened = {**studies("bracket"), **({SCREENED_LONG: read(CRAMS / f"{SCREENED_LONG}.csv")}
+                                         if (CRAMS / f"{SCREENED_LONG}.csv").is_file() else {})}
+    if screened:
+        sections += [f"### Screened: --screen {SCREEN}", screened_table(screened),
+                     "### Their winners confirmed", confirmation_table(with_screens(screened))]
     if (CRAMS / f"{LEAD_STUDY}.csv").exists():
         lead_rows = {LEAD_STUDY: read(CRAMS / f"{LEAD_STUDY}.csv")}
         sections += [f"### TPE with --early-stop at 62 trials ({LEAD_STUDY})", early_table(lead_rows)]

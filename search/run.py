@@ -73,6 +73,10 @@ def build_parser() -> CliParser:
                                "\"The study a user runs\")")
     stopping.add_argument("--no-early-stop", dest="early_stop", action="store_false",
                           help="no ASHA: every trial runs its full budget (the default)")
+    parser.add_argument("--screen", type=int, metavar="N",
+                        help="a screened study: every trial crammed whole at 1/N of --budget (study NAME-screen), "
+                             "then the best 1/N of them at --budget (study NAME, which export and confirm read); "
+                             "search/study/screen.py. 1: off (default: the profile's screen, else off)")
     parser.add_argument("--no-probe", action="store_true", help="skip the GLUE probe (objective mlm only)")
     parser.add_argument("--save-checkpoints", action="store_true",
                         help="write each trial's trained model to checkpoints/<study>/t0007/ beside the MLflow "
@@ -155,6 +159,10 @@ def load_profile(path: Path) -> dict[str, Any]:
     if not isinstance(min_trials, int) or isinstance(min_trials, bool) or min_trials < 1:
         raise UsageError(f"--profile: {path.name}: early_stop.min_trials must be a whole number of trials, at least "
                          f"1, got {min_trials!r}; {fix}")
+    screen = profile.get("screen", 1)
+    if not isinstance(screen, int) or isinstance(screen, bool) or screen < 1:
+        raise UsageError(f"--profile: {path.name}: screen must be a whole number, at least 1 (1: off), got "
+                         f"{screen!r}; {fix}")
     if not isinstance(profile.get("train", {}), dict):
         raise UsageError(f"--profile: {path.name}: train must be a mapping of training settings; {fix}")
     return profile
@@ -242,6 +250,7 @@ class CheckedInputs:
     probe: Any  # search.study.spec.Probe, None with --no-probe
     early_stop: dict[str, Any] | None
     ladder: Any = None  # search.analysis.ladder.Ladder of --ladder or --target, None without
+    screen: int = 1  # --screen, else the profile's: 1 for an unscreened study
 
 
 def check_inputs(args: argparse.Namespace) -> CheckedInputs:
@@ -264,6 +273,8 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
     if args.address and args.executor == "local":
         raise UsageError("--address: joins a Ray cluster, which --executor local does not use; drop --address, or "
                          "pass --executor ray")
+    if args.screen is not None and args.screen < 1:
+        raise UsageError(f"--screen: must be at least 1 (1: off), got {args.screen}")
     if args.seed < 0:  # Optuna's samplers take seeds in [0, 2**32)
         raise UsageError(f"--seed: must not be negative, got {args.seed}")
     for flag, amount in (("--cpus-per-trial", args.cpus_per_trial), ("--gpus-per-trial", args.gpus_per_trial)):
@@ -322,6 +333,10 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
                 raise UsageError(f"--data: the probe's GLUE task {task.name} ({profile_path.name}: probe.tasks): "
                                  f"{reason}; add it, drop it from probe.tasks, or pass --no-probe --objective mlm")
         probe = Probe(tuple(task.name for task in tasks), {**profile["probe"]["limits"], "data_dir": args.data})
+    screen = profile.get("screen", 1) if args.screen is None else args.screen
+    if screen > 1 and args.early_stop:
+        raise UsageError(f"--early-stop: a screened study (--screen {screen}) crams every trial whole at its budget; "
+                         "drop --early-stop, or pass --screen 1")
     wanted = profile["early_stop"]["by_default"] if args.early_stop is None else args.early_stop
     early_stop = None if not wanted or objective.multi else {"min_trials": ASHA_MIN_TRIALS, **profile["early_stop"]}
     ladder = None
@@ -333,12 +348,19 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
                                                top=ladders.LADDER_TOP))
         ladder = ladders.ladder_of(argparse.Namespace(ladder=args.ladder, target=args.target, eta=None), budget)
     return CheckedInputs(profile_path, profile, objective, space, space_path, budget, train, resources, source, probe,
-                         early_stop, ladder)
+                         None if screen > 1 else early_stop, ladder, screen)
+
+
+def default_study_name(controller: str) -> str:
+    return f"cramnas-{controller}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def make_plan(args: argparse.Namespace) -> StudyPlan:
     """Check every input (`check_inputs`), open the stores and prepare the data, last; raises
-    UsageError (or a library's one-line error)."""
+    UsageError (or a library's one-line error). A screened study's promotion stage
+    (`screened_stages`) opens its study with the screen's best queued."""
+    import optuna
+
     from search.study import controllers
     from search.study.spec import StudyPlan, TrialSpec
     from search.study.warm_start import warm_starts
@@ -360,7 +382,7 @@ def make_plan(args: argparse.Namespace) -> StudyPlan:
     if warning is not None:
         print(warning, file=sys.stderr)
 
-    study = args.study or f"cramnas-{args.controller}-{time.strftime('%Y%m%d-%H%M%S')}"
+    study = args.study or default_study_name(args.controller)
     checkpoints = None
     if args.save_checkpoints:
         checkpoints = checkpoint_dir(tracking_uri, study)
@@ -372,14 +394,63 @@ def make_plan(args: argparse.Namespace) -> StudyPlan:
     template = TrialSpec(train, budget, data.fingerprint, data_dir=args.data, corpus=source.hub_id,
                          cache_dir=str(Path(args.cache_dir).resolve()) if args.cache_dir else None, probe=probe,
                          checkpoint_dir=str(checkpoints) if checkpoints else None)
+    promote_from = getattr(args, "promote_from", None)  # set by `screened_stages` only
+    # A screened study resumed before its promotion began: the promotion's study is new.
+    resume = args.resume and (promote_from is None or study in optuna.study.get_all_study_names(storage))
     # Last, once everything else is known good: creates the study, or reopens it to resume.
     optuna_study = controllers.open_study(study, storage, args.controller, args.objective, space, args.seed,
-                                          args.resume, warm_starts=warm, cover=not args.no_cover, trials=args.trials,
+                                          resume, warm_starts=warm, cover=not args.no_cover, trials=args.trials,
                                           early_stop=checked.early_stop is not None)
-    return StudyPlan(study, optuna_study, args.resume, args.trials, args.controller, checked.objective, space,
+    if promote_from is not None:
+        from search.study.screen import promote
+
+        queued = promote(optuna_study, optuna.load_study(study_name=promote_from, storage=storage), space, args.trials)
+        if queued:
+            print(f"promoted to {budget.text}: the screen's trials {', '.join(map(str, queued))}, best first "
+                  f"(study {promote_from})")
+    return StudyPlan(study, optuna_study, resume, args.trials, args.controller, checked.objective, space,
                 checked.space_path, budget, template, checked.resources, args.max_concurrent, checked.early_stop,
                 tracking_uri, storage, args.address, args.seed, args.executor, unigram_floor=data.unigram_floor,
-                corruption_floor=data.corruption_floor, context_reference=data.context_reference)
+                corruption_floor=data.corruption_floor, context_reference=data.context_reference,
+                resume_flags=getattr(args, "resume_flags", None))
+
+
+def screened_stages(args: argparse.Namespace, checked: CheckedInputs) -> list[argparse.Namespace]:
+    """A screened study's two stages as the flags of two studies (search.study.screen): the screen,
+    every trial at 1/N of the budget, then the promotion of its best 1/N at the budget, with no
+    draw of its own; one study's flags, unchanged, for an unscreened study."""
+    if checked.screen == 1:
+        return [args]
+    from search.study.screen import promoted_count, screen_budget, screen_name
+
+    study = args.study or default_study_name(args.controller)
+    shared = {"early_stop": False,
+              "resume_flags": f"--study {study} --screen {checked.screen} --resume --trials {args.trials}"}
+    screen = argparse.Namespace(**{**vars(args), **shared, "study": screen_name(study),
+                                   "budget": screen_budget(checked.budget, checked.screen).text})
+    promotion = argparse.Namespace(**{**vars(args), **shared, "study": study, "budget": checked.budget.text,
+                                      "trials": promoted_count(args.trials, checked.screen), "warm_start": "none",
+                                      "no_cover": True, "promote_from": screen.study})
+    return [screen, promotion]
+
+
+def run_stages(stages: list[argparse.Namespace], screen: int) -> int:
+    """Run the study (a screened study: its screen, then its promotion); the next steps after the last."""
+    from search.study.driver import run_study
+    from search.study.next_steps import print_after_search
+
+    for stage in stages:
+        plan = make_plan(stage)
+        code = run_study(plan)
+        if code:
+            return code
+    if screen > 1:
+        import optuna
+
+        from search.study.screen import spent_line
+
+        print(spent_line(optuna.load_study(study_name=stages[0].study, storage=plan.storage), plan.optuna_study, screen))
+    return print_after_search(plan, 0)
 
 
 @one_line_on_ctrl_c
@@ -401,21 +472,22 @@ def main(argv: list[str] | None = None) -> int:
     import optuna
 
     try:  # before search.study.driver imports Ray: a bad input fails before any of that loads
+        checked = check_inputs(args)
+        stages = screened_stages(args, checked)
         if args.estimate:
             from search.study.estimate import study_estimate
 
-            print(study_estimate(check_inputs(args), args.trials, args.max_concurrent, args.controller).text())
+            for stage in stages:
+                if len(stages) > 1:
+                    print(f"{'screen' if stage is stages[0] else 'promotion'}, study {stage.study}:")
+                print(study_estimate(check_inputs(stage), stage.trials, args.max_concurrent, args.controller).text())
             return 0
-        plan = make_plan(args)
+        return run_stages(stages, checked.screen)
     # Every cramnas user error is a CramnasError (SpaceError, BudgetError, ConfigError, DataError,
     # GlueError, TrackingError, UsageError); Optuna's for a study another driver created meanwhile.
     except (CramnasError, optuna.exceptions.DuplicatedStudyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    from search.study.driver import run_study
-    from search.study.next_steps import print_after_search
-
-    return print_after_search(plan, run_study(plan))
 
 
 if __name__ == "__main__":

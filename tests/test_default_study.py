@@ -138,6 +138,14 @@ def test_the_results_tables_come_from_the_stored_crams_alone(tmp_path):
     assert "| lead-tpe-early | trial 60 | 4.262 ± 0.035 | 4.955 ± 0.126 | -0.693 ± 0.135, outside noise | 3.8x |" in out.stdout
     # The studies run with --early-stop: the FLOPs of their stopped trials counted as far as they ran.
     assert "### With --early-stop" in out.stdout and "| early-s0 | 9 of 32 | 23 (2: 10, 4: 8, 8: 5) |" in out.stdout
+    # The screened studies (--screen 4): the screen and the promotion's FLOPs together, against the same
+    # trials crammed whole and against the unscreened study of the same seed; the search's compute
+    # in the payback counts the screen too.
+    assert "### Screened: --screen 4" in out.stdout
+    assert "| bracket-s0 | 31 | 5.571 | 8 | 0 1x32/4h swiglu sandwich-norm rotary untied | 4.315 | 1 of 31 |" in out.stdout
+    assert "| 3.15e+13 | 51% | 51% (default-s0) |" in out.stdout
+    assert "| bracket-s1 | trial 3 | 4.328 ± 0.067 | 4.955 ± 0.126 | -0.627 ± 0.169, outside noise | 3.0x | 19.0 | 9.5 |" \
+        in out.stdout
     # The 200-trial study, read at 32, 64, ... trials as far as it has run (trials cut short left out).
     assert "### The 200-trial study (default-200)" in out.stdout
     assert "| 32 | 31 | 29 1x32/2h silu sandwich-norm rotary | 4.172 |" in out.stdout

@@ -20,7 +20,9 @@ GENERATION, PARENT_TRIAL, MUTATION = "generation", "parent_trial", "mutation"  #
 # such as `sized-cpu`, or `study:NAME#7`); a trial of the covering design is `cover`.
 WARM_START = "warm_start"
 FIRST_DRAW = "first_draw"
-LINEAGE = (GENERATION, PARENT_TRIAL, MUTATION, WARM_START, FIRST_DRAW)  # what a re-run keeps of its original
+# A screened study's trial (search.study.screen): the trial of its screen whose architecture it crams whole.
+PROMOTED_FROM = "promoted_from"
+LINEAGE = (GENERATION, PARENT_TRIAL, MUTATION, WARM_START, FIRST_DRAW, PROMOTED_FROM)  # what a re-run keeps of its original
 
 # ---- the study's (search.study.controllers.open_study, search.study.driver) ----
 CONTROLLER, OBJECTIVE, SPACE, SEED = "controller", "objective", "space", "seed"  # checked again on --resume

@@ -8,7 +8,7 @@ tells the runs apart:
 - `TRIAL`: `TRIAL_NUMBER`, `FINGERPRINT`, `STATE` (`search.base.states`), lineage (`PARENT_TRIAL` and
   its `PARENT_RUN_ID`, `GENERATION`, `MUTATION`, `REPEAT_OF`; `RERUN_OF` and its `RERUN_OF_RUN_ID`
   for a re-run of a trial the driver's death cut short; `WARM_START` or `FIRST_DRAW` for a trial of
-  the study's first draw), once finished `REGIME`, a failed one's
+  the study's first draw; `PROMOTED_FROM` for a screened study's trial), once finished `REGIME`, a failed one's
   `FAILURE_REASON`, and with `search.run --save-checkpoints` `CHECKPOINT` (`HF_EXPORT_ERROR` says
   why its export is missing);
 - `CONFIRMATION` (`search.confirm`): `CONFIRMATION_OF`, `ORIGINAL_TRIAL`, `SEED`, `BUDGET`,
@@ -49,6 +49,7 @@ REPEAT_OF = PREFIX + attrs.REPEAT_OF
 RERUN_OF, RERUN_OF_RUN_ID = PREFIX + attrs.RERUN_OF, PREFIX + "rerun_of_run_id"
 # The first draw: a warm start's source (a hand design, `study:NAME#N`), or `cover` (search.study.warm_start).
 WARM_START, FIRST_DRAW = PREFIX + attrs.WARM_START, PREFIX + attrs.FIRST_DRAW
+PROMOTED_FROM = PREFIX + attrs.PROMOTED_FROM  # a screened study's trial: its screen's trial (search.study.screen)
 # Confirmation and baseline runs (search.confirm): what each re-trains, with which seed, under which budget.
 CONFIRMATION_OF = PREFIX + "confirmation_of"  # the original trial's run id
 ORIGINAL_TRIAL = PREFIX + "original_trial"  # the original trial's number

@@ -302,6 +302,7 @@ class Proposal:
     rerun_of: int | None = None
     warm_start: str | None = None  # the first draw's: where a warm start came from (search.study.warm_start)
     first_draw: str | None = None  # `cover` for a trial of the covering design
+    promoted_from: int | None = None  # a screened study's trial: the screen's trial it crams whole (search.study.screen)
 
 
 def ask(study: optuna.Study, space: SearchSpace) -> Proposal:
@@ -333,7 +334,7 @@ def ask(study: optuna.Study, space: SearchSpace) -> Proposal:
     stored = _trial(study, trial.number).user_attrs
     return Proposal(trial.number, config, fingerprint, stored.get(attrs.PARENT_TRIAL), stored.get(attrs.MUTATION),
                     stored.get(attrs.GENERATION), original, rerun_of, stored.get(attrs.WARM_START),
-                    stored.get(attrs.FIRST_DRAW))
+                    stored.get(attrs.FIRST_DRAW), stored.get(attrs.PROMOTED_FROM))
 
 
 def tell(study: optuna.Study, trial_number: int, values: Sequence[float] | None = None,

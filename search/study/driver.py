@@ -131,8 +131,7 @@ def run_study(plan: StudyPlan) -> int:
                 execute(plan, searcher, view, early_stop, remaining)
         except KeyboardInterrupt:
             close_tracking(plan, tracker, searcher, "KILLED", wait_s=DRIVER_RETRY_S)  # `--resume` reopens it
-            print(f"interrupted: resume with  python -m search.run --study {plan.study} --resume "
-                  f"--trials {plan.trials}")
+            print(f"interrupted: resume with  {plan.resume_command()}")
             return 130
     if not close_tracking(plan, tracker, searcher, "FINISHED", wait_s=TRACKING_WAIT_S):
         return 1
@@ -166,8 +165,7 @@ def close_tracking(plan: StudyPlan, tracker: StudyTracker, searcher: CramnasSear
         tracker.finish_study(status)
     except TrackingUnavailable as error:
         print(f"error: MLflow is unreachable, some trials are not in it yet: {error}; every trial is in the "
-              f"study store {plan.storage}: once MLflow is back, `python -m search.run --study {plan.study} "
-              f"--resume --trials {plan.trials}` writes them", file=sys.stderr)
+              f"study store {plan.storage}: once MLflow is back, `{plan.resume_command()}` writes them", file=sys.stderr)
         return False
     return True
 

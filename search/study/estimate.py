@@ -236,6 +236,8 @@ def early_stop_words(checked, early_stop: dict | None, trials: int) -> str:
     if checked.early_stop is not None:  # asked for, but the session is too short (early_stop_for_session)
         return (f"off ({count(trials, 'trial')} {'is' if trials == 1 else 'are'} too few: ASHA from "
                 f"{checked.early_stop['min_trials']} trials)")
+    if checked.screen > 1:
+        return f"off (a screened study, --screen {checked.screen}: every trial crammed whole at its budget)"
     if checked.objective.multi:
         return f"off (the objective {checked.objective.name} has {len(checked.objective.metrics)} metrics; ASHA ranks one)"
     if not checked.profile["early_stop"].get("by_default"):

@@ -65,7 +65,8 @@ class CramnasSearcher:
         proposal = controllers.ask(self.study, self.space)
         lineage = {attrs.GENERATION: proposal.generation, attrs.PARENT_TRIAL: proposal.parent_trial,
                    attrs.MUTATION: proposal.mutation, attrs.REPEAT_OF: proposal.repeat_of, attrs.RERUN_OF: proposal.rerun_of,
-                   attrs.WARM_START: proposal.warm_start, attrs.FIRST_DRAW: proposal.first_draw}
+                   attrs.WARM_START: proposal.warm_start, attrs.FIRST_DRAW: proposal.first_draw,
+                   attrs.PROMOTED_FROM: proposal.promoted_from}
         trial = self.live[trial_id] = LiveTrial(proposal.number, None, proposal)
         tags = {**self.tags, **{k: v for k, v in lineage.items() if v is not None}}
 

@@ -123,3 +123,9 @@ class StudyPlan:
     unigram_floor: float | None = None
     corruption_floor: float | None = None
     context_reference: float | None = None
+    # The flags that resume it, where they are not `--study NAME --resume --trials N`: a screened
+    # study's stages resume together (search.study.screen).
+    resume_flags: str | None = None
+
+    def resume_command(self) -> str:
+        return f"python -m search.run {self.resume_flags or f'--study {self.study} --resume --trials {self.trials}'}"

@@ -121,7 +121,8 @@ def enqueue_first_draw(study, space: SearchSpace, draw: Sequence[tuple[dict[str,
 
 def describe_first_draw(study) -> str | None:
     """One line on what a study trains first, or None when it has no first draw."""
-    trials = study.get_trials(deepcopy=False)
+    # A screened study's promoted trials keep their screen's marks; its own first draw is the screen's.
+    trials = [t for t in study.get_trials(deepcopy=False) if attrs.PROMOTED_FROM not in t.user_attrs]
     warm = [t.user_attrs[attrs.WARM_START] for t in trials if attrs.WARM_START in t.user_attrs]
     covering = sum(t.user_attrs.get(attrs.FIRST_DRAW) == COVER for t in trials)
     if not warm and not covering:
