@@ -36,7 +36,7 @@ import tempfile
 from pathlib import Path
 
 from search.analysis.accounting import compute_equivalent, payback
-from search.analysis.stats import interval, paired
+from search.analysis.stats import correlation, interval, paired
 from search.base.paths import PROFILES
 from search.run import check_storage, load_profile
 from search.study import asha
@@ -479,7 +479,8 @@ def screened_table(all_rows: dict[str, list[dict]]) -> str:
         first = by_loss(row for row in promoted if row["first_draw"])
         own = [row for row in promoted if not row["first_draw"]]
         screen_loss = {row["arch"]: float(row["validation_loss"]) for row in screen}
-        rho = spearman([screen_loss[row["arch"]] for row in promoted], [float(row["validation_loss"]) for row in promoted])
+        rho, _, _ = correlation([screen_loss[row["arch"]] for row in promoted],
+                                [float(row["validation_loss"]) for row in promoted], "spearman", resamples=0)
         screened, spent = sum(map(cram_flops, screen)), sum(map(cram_flops, screen + promoted))
         twin = unscreened.get(name.replace("bracket", "default"))
         versus = f"{spent / spent_flops(twin):.0%} ({twin[0]['study']})" if twin else "-"
@@ -490,12 +491,6 @@ def screened_table(all_rows: dict[str, list[dict]]) -> str:
             f"| {beating(own, baseline)} "
             f"| {rho:.2f} | {spent:.3g} | {spent / (screened * SCREEN):.0%} | {versus} |")
     return "\n".join(lines)
-
-
-def spearman(xs: list[float], ys: list[float]) -> float:
-    from scipy.stats import spearmanr
-
-    return float(spearmanr(xs, ys).statistic)
 
 
 LONG_STUDY = "default-200"  # the README's 200-trial command at the same scale, seed 0

@@ -355,7 +355,7 @@ def default_study_name(controller: str) -> str:
     return f"cramnas-{controller}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def make_plan(args: argparse.Namespace) -> StudyPlan:
+def make_plan(args: argparse.Namespace, checked: CheckedInputs | None = None) -> StudyPlan:
     """Check every input (`check_inputs`), open the stores and prepare the data, last; raises
     UsageError (or a library's one-line error). A screened study's promotion stage
     (`screened_stages`) opens its study with the screen's best queued."""
@@ -367,7 +367,7 @@ def make_plan(args: argparse.Namespace) -> StudyPlan:
     from search.tracking.stores import check_store, checkpoint_dir, study_storage
     from trainer.data import prepare_data, tokens_to_prepare
 
-    checked = check_inputs(args)
+    checked = checked or check_inputs(args)  # `main` checked an unscreened study's flags already
     space, budget, train, source, probe = checked.space, checked.budget, checked.train, checked.source, checked.probe
     tracking_uri = check_store(args.tracking_uri)  # $MLFLOW_TRACKING_URI or sqlite:///mlflow.db by default
     storage = check_storage(study_storage(tracking_uri, args.storage))
@@ -434,22 +434,24 @@ def screened_stages(args: argparse.Namespace, checked: CheckedInputs) -> list[ar
     return [screen, promotion]
 
 
-def run_stages(stages: list[argparse.Namespace], screen: int) -> int:
-    """Run the study (a screened study: its screen, then its promotion); the next steps after the last."""
+def run_stages(stages: list[argparse.Namespace], checked: CheckedInputs) -> int:
+    """Run the study (a screened study: its screen, then its promotion, each checked with its own
+    flags); the next steps after the last."""
     from search.study.driver import run_study
     from search.study.next_steps import print_after_search
 
     for stage in stages:
-        plan = make_plan(stage)
+        plan = make_plan(stage, checked if len(stages) == 1 else None)
         code = run_study(plan)
         if code:
             return code
-    if screen > 1:
+    if checked.screen > 1:
         import optuna
 
         from search.study.screen import spent_line
 
-        print(spent_line(optuna.load_study(study_name=stages[0].study, storage=plan.storage), plan.optuna_study, screen))
+        print(spent_line(optuna.load_study(study_name=stages[0].study, storage=plan.storage), plan.optuna_study,
+                         checked.screen))
     return print_after_search(plan, 0)
 
 
@@ -480,9 +482,10 @@ def main(argv: list[str] | None = None) -> int:
             for stage in stages:
                 if len(stages) > 1:
                     print(f"{'screen' if stage is stages[0] else 'promotion'}, study {stage.study}:")
-                print(study_estimate(check_inputs(stage), stage.trials, args.max_concurrent, args.controller).text())
+                staged = checked if len(stages) == 1 else check_inputs(stage)
+                print(study_estimate(staged, stage.trials, args.max_concurrent, args.controller).text())
             return 0
-        return run_stages(stages, checked.screen)
+        return run_stages(stages, checked)
     # Every cramnas user error is a CramnasError (SpaceError, BudgetError, ConfigError, DataError,
     # GlueError, TrackingError, UsageError); Optuna's for a study another driver created meanwhile.
     except (CramnasError, optuna.exceptions.DuplicatedStudyError) as error:

@@ -86,23 +86,22 @@ def promote(study: optuna.Study, screen: optuna.Study, space: SearchSpace, wante
 def flops(trials: Sequence[optuna.trial.FrozenTrial]) -> float:
     """The FLOPs the trials trained for (tokens x FLOPs per token of their recorded metrics; a repeat
     trained nothing)."""
-    return sum(t.user_attrs.get(attrs.METRICS, {}).get("tokens", 0.0)
-               * t.user_attrs.get(attrs.METRICS, {}).get("flops_per_token", 0.0)
-               for t in trials if attrs.REPEAT_OF not in t.user_attrs)
+    metrics = [t.user_attrs.get(attrs.METRICS, {}) for t in trials if attrs.REPEAT_OF not in t.user_attrs]
+    return sum(m.get("tokens", 0.0) * m.get("flops_per_token", 0.0) for m in metrics)
 
 
 def spent_line(screen: optuna.Study, study: optuna.Study, screen_size: int) -> str:
     """What the screened study spent, beside the same trials each crammed whole at the budget (the
     screen's FLOPs times `screen_size`, as every screen trial trains 1/`screen_size` of the budget),
     and how many of the screen's first draw it promoted."""
-    screened, promoted = flops(screen.get_trials(deepcopy=False)), flops(study.get_trials(deepcopy=False))
+    screen_trials, trials = screen.get_trials(deepcopy=False), study.get_trials(deepcopy=False)
+    screened, promoted = flops(screen_trials), flops(trials)
     whole = screened * screen_size
     share = f", {(screened + promoted) / whole:.0%} of the {whole:.3g} its trials would spend whole" if whole else ""
-    trials = study.get_trials(deepcopy=False)
     first = [t.user_attrs.get(attrs.WARM_START) or t.user_attrs[attrs.FIRST_DRAW] for t in trials
              if attrs.WARM_START in t.user_attrs or attrs.FIRST_DRAW in t.user_attrs]
     marks = ", ".join(f"warm start {mark}" if mark != "cover" else mark for mark in first)
     from_first = f"{len(first)} of the first draw ({marks})" if first else "none of the first draw"
     return (f"screened study: {screened + promoted:.3g} FLOPs, the screen {screened:.3g} "
-            f"({count(len(screen.get_trials(deepcopy=False)), 'trial')}) and the promotion {promoted:.3g}{share}; "
+            f"({count(len(screen_trials), 'trial')}) and the promotion {promoted:.3g}{share}; "
             f"promoted {count(len(trials), 'trial')}, {from_first}")
