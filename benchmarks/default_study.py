@@ -1,13 +1,16 @@
 """The study a user runs, measured (issue 38): the README's 32-trial command at three controller
 seeds, its winners confirmed with fresh seeds beside sized-cpu, and how well each progress report
-ranks the final loss (the measurement behind early stopping's default); and the same command with
-`--early-stop` (studies early-sS), what it spent against every trial run to its end; the
-controller benchmark's lead, `--controller tpe --early-stop --trials 62` at seed 0 (lead-tpe-early);
-and the same command screened, `--screen 4` (studies bracket-sS and their screens bracket-sS-screen).
+ranks the final loss (the measurement behind early stopping's default). The command screened,
+`--screen 4`, the CPU profile's default since 2026-12-07 (studies bracket-sS and their screens
+bracket-sS-screen); with every trial crammed whole, the default before it and now `--screen 1`
+(studies default-sS); with `--early-stop` (studies early-sS), what it spent against every trial
+run to its end; the controller benchmark's lead, `--controller tpe --early-stop --trials 62` at
+seed 0 (lead-tpe-early). The 200-trial command likewise: bracket-200 and default-200.
 
     # after  python -m search.run --trials 32 --budget 2e12flops --data ../shared/data --no-probe --seed S --study default-sS
     # and    python -m search.confirm --study default-sS --top 1 --seeds 3 --baselines sized-cpu --data ../shared/data
-    #        (and the same with --early-stop --study early-sS, or --screen 4 --study bracket-sS)
+    #        (the default-sS studies ran before the screen was the default; the same with --screen 4
+    #        --study bracket-sS, or --early-stop --study early-sS)
     python benchmarks/default_study.py export --study default-s0 --storage sqlite:///optuna.db --tracking-uri sqlite:///mlflow.db
     python benchmarks/default_study.py export --study bracket-s0-screen --storage sqlite:///optuna.db   # no confirmations
     # sized-cpu at 2x, 4x and 8x with the confirmation seeds (python -m trainer.cram ... --seed 1001 --out DIR)
@@ -195,8 +198,9 @@ def read(path: Path) -> list[dict]:
 
 
 def studies(kind: str = "default", crams: Path = CRAMS) -> dict[str, list[dict]]:
-    """The studies `<kind>-sS` (default: the README's command; early: with --early-stop; bracket: with
-    --screen 4, the promotion's trials), by name."""
+    """The studies `<kind>-sS` (default: the README's command with every trial crammed whole, the
+    default until 2026-12-07; early: with --early-stop; bracket: screened, --screen 4, the
+    promotion's trials), by name."""
     return {path.stem: read(path) for path in sorted(crams.glob(f"{kind}-s[0-9]*.csv"))
             if not path.stem.endswith(("-confirm", SCREEN_SUFFIX))}
 
@@ -350,11 +354,12 @@ def multiple_text(multiple: float | None, ladder: dict[float, float]) -> str:
 
 
 def baseline_seeds(budget: str = "2e12flops") -> dict[int, float]:
-    """sized-cpu on the confirmations' fresh seeds, each seed as the first confirmation (by file
-    name) crammed it: the same cram whichever study confirmed it, up to the CPU's arithmetic (the
-    fourth decimal between the two machines that ran them)."""
+    """sized-cpu on the confirmations' fresh seeds, each seed as the first confirmation crammed it
+    (the default studies', which crammed it first, then the others by file name): the same cram
+    whichever study confirmed it, up to the CPU's arithmetic (the fourth decimal between the
+    machines that ran them)."""
     pooled: dict[int, float] = {}
-    for path in sorted(CRAMS.glob("*-confirm.csv")):
+    for path in sorted(CRAMS.glob("*-confirm.csv"), key=lambda path: (not path.name.startswith("default-"), path.name)):
         for seed, loss in seeds(read(path), BASELINE, budget).items():
             pooled.setdefault(seed, loss)
     return pooled

@@ -76,7 +76,9 @@ def build_parser() -> CliParser:
     parser.add_argument("--screen", type=int, metavar="N",
                         help="a screened study: every trial crammed whole at 1/N of --budget (study NAME-screen), "
                              "then the best 1/N of them at --budget (study NAME, which export and confirm read); "
-                             "search/study/screen.py. 1: off (default: the profile's screen, else off)")
+                             "search/study/screen.py. 1: off (default: the profile's screen.factor from its "
+                             "screen.min_trials trials, 4 from 20 in cpu, off in gpu; off with --early-stop; on "
+                             "--resume, what the study was started with)")
     parser.add_argument("--no-probe", action="store_true", help="skip the GLUE probe (objective mlm only)")
     parser.add_argument("--save-checkpoints", action="store_true",
                         help="write each trial's trained model to checkpoints/<study>/t0007/ beside the MLflow "
@@ -159,10 +161,15 @@ def load_profile(path: Path) -> dict[str, Any]:
     if not isinstance(min_trials, int) or isinstance(min_trials, bool) or min_trials < 1:
         raise UsageError(f"--profile: {path.name}: early_stop.min_trials must be a whole number of trials, at least "
                          f"1, got {min_trials!r}; {fix}")
-    screen = profile.get("screen", 1)
-    if not isinstance(screen, int) or isinstance(screen, bool) or screen < 1:
-        raise UsageError(f"--profile: {path.name}: screen must be a whole number, at least 1 (1: off), got "
-                         f"{screen!r}; {fix}")
+    screen = profile.setdefault("screen", {"factor": 1})
+    if not isinstance(screen, dict) or "factor" not in screen:
+        raise UsageError(f"--profile: {path.name}: screen must be a mapping with a factor (1: off), such as "
+                         f"{{factor: 4, min_trials: 20}}, got {screen!r}; {fix}")
+    for key, least in (("factor", 1), ("min_trials", 1)):
+        value = screen.get(key, least)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise UsageError(f"--profile: {path.name}: screen.{key} must be a whole number, at least {least}, got "
+                             f"{value!r}; {fix}")
     if not isinstance(profile.get("train", {}), dict):
         raise UsageError(f"--profile: {path.name}: train must be a mapping of training settings; {fix}")
     return profile
@@ -333,7 +340,7 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
                 raise UsageError(f"--data: the probe's GLUE task {task.name} ({profile_path.name}: probe.tasks): "
                                  f"{reason}; add it, drop it from probe.tasks, or pass --no-probe --objective mlm")
         probe = Probe(tuple(task.name for task in tasks), {**profile["probe"]["limits"], "data_dir": args.data})
-    screen = profile.get("screen", 1) if args.screen is None else args.screen
+    screen = study_screen(args, profile)
     if screen > 1 and args.early_stop:
         raise UsageError(f"--early-stop: a screened study (--screen {screen}) crams every trial whole at its budget; "
                          "drop --early-stop, or pass --screen 1")
@@ -349,6 +356,26 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
         ladder = ladders.ladder_of(argparse.Namespace(ladder=args.ladder, target=args.target, eta=None), budget)
     return CheckedInputs(profile_path, profile, objective, space, space_path, budget, train, resources, source, probe,
                          None if screen > 1 else early_stop, ladder, screen)
+
+
+def study_screen(args: argparse.Namespace, profile: dict[str, Any]) -> int:
+    """The study's screen factor (search.study.screen; 1: unscreened): --screen; else, resumed, what
+    its stores say it was started with; else none where --early-stop asks for ASHA; else the
+    profile's factor from its min_trials trials (a short look of the first draw is not screened: at
+    a quarter of the budget its trials are all on the plateau, benchmarks/RESULTS.md)."""
+    if args.screen is not None:
+        return args.screen
+    if args.resume:
+        from search.study.screen import stored_screen
+        from search.tracking.stores import study_storage
+
+        stored = stored_screen(args.study, check_storage(study_storage(args.tracking_uri, args.storage)))
+        if stored is not None:
+            return stored
+    if args.early_stop:
+        return 1
+    setting = profile["screen"]
+    return setting["factor"] if args.trials >= setting.get("min_trials", 1) else 1
 
 
 def default_study_name(controller: str) -> str:
@@ -424,7 +451,7 @@ def screened_stages(args: argparse.Namespace, checked: CheckedInputs) -> list[ar
     from search.study.screen import promoted_count, screen_budget, screen_name
 
     study = args.study or default_study_name(args.controller)
-    shared = {"early_stop": False,
+    shared = {"early_stop": False, "screen": checked.screen,
               "resume_flags": f"--study {study} --screen {checked.screen} --resume --trials {args.trials}"}
     screen = argparse.Namespace(**{**vars(args), **shared, "study": screen_name(study),
                                    "budget": screen_budget(checked.budget, checked.screen).text})
@@ -437,11 +464,19 @@ def screened_stages(args: argparse.Namespace, checked: CheckedInputs) -> list[ar
 def run_stages(stages: list[argparse.Namespace], checked: CheckedInputs) -> int:
     """Run the study (a screened study: its screen, then its promotion, each checked with its own
     flags); the next steps after the last."""
+    from search.base import attrs
     from search.study.driver import run_study
     from search.study.next_steps import print_after_search
 
+    if len(stages) > 1:
+        screen, promotion = stages
+        print(f"screened study (--screen {checked.screen}; --screen 1 crams every trial whole): {screen.trials} trials "
+              f"at {screen.budget} in study {screen.study}, then the best {promotion.trials} at {promotion.budget} in "
+              f"study {promotion.study}")
     for stage in stages:
         plan = make_plan(stage, checked if len(stages) == 1 else None)
+        if len(stages) > 1 and stage is stages[0]:  # what a resume without --screen reads (study_screen)
+            plan.optuna_study.set_user_attr(attrs.SCREEN, checked.screen)
         code = run_study(plan)
         if code:
             return code

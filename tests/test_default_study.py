@@ -146,6 +146,11 @@ def test_the_results_tables_come_from_the_stored_crams_alone(tmp_path):
     assert "| 3.15e+13 | 51% | 51% (default-s0) |" in out.stdout
     assert "| bracket-s1 | trial 3 | 4.328 ± 0.067 | 4.955 ± 0.126 | -0.627 ± 0.169, outside noise | 3.0x | 19.0 | 9.5 |" \
         in out.stdout
+    # The 200-trial command screened (the default since): its winner below sized-cpu's 8x, so its
+    # multiple and payback are bounds.
+    assert "| bracket-200 | 193 | 4.794 | 50 |" in out.stdout and "| 1.96e+14 | 51% | 50% (default-200) |" in out.stdout
+    assert "| bracket-200 | trial 0 | 4.134 ± 0.073 | 4.955 ± 0.126 | -0.821 ± 0.169, outside noise | more than 8x | 101.2 " \
+           "| under 14.5 |" in out.stdout
     # The 200-trial study, read at 32, 64, ... trials as far as it has run (trials cut short left out).
     assert "### The 200-trial study (default-200)" in out.stdout
     assert "| 32 | 31 | 29 1x32/2h silu sandwich-norm rotary | 4.172 |" in out.stdout

@@ -242,9 +242,12 @@ def test_early_stopping_is_priced_only_where_the_session_applies_it(monkeypatch)
     asked, without = cpu_study(monkeypatch, enough, "--early-stop"), cpu_study(monkeypatch, enough, "--no-early-stop")
     assert asked.device_hours < 0.8 * without.device_hours and asked.probed < without.probed == enough
     assert "early stopping on (ASHA: rungs from progress report 2, each keeping 1/2)" in asked.assumed
-    # Off by default (the profile's early_stop.by_default), and the line says so.
-    assert cpu_study(monkeypatch, enough).device_hours == pytest.approx(without.device_hours)
-    assert "early stopping off (the profile's default; --early-stop turns it on)" in cpu_study(monkeypatch, enough).assumed
+    # Off by default (the profile's early_stop.by_default), and the line says so; so in the profile's
+    # default screen, which crams every trial whole.
+    unscreened = cpu_study(monkeypatch, enough, "--screen", "1")
+    assert unscreened.device_hours == pytest.approx(without.device_hours)
+    assert "early stopping off (the profile's default; --early-stop turns it on)" in unscreened.assumed
+    assert "early stopping off (a screened study, --screen 4: " in cpu_study(monkeypatch, enough).assumed
 
 
 @pytest.mark.parametrize(("trials", "cpus", "at_once"), [(1, 2, 1), (3, 4, 3), (8, 4, 4), (8, 2, 2)])

@@ -11,11 +11,13 @@ import pytest
 from optuna.trial import TrialState
 
 from search.base import attrs
+from search.base.paths import PROFILES
 from search.run import main
 from search.study import controllers
 from search.study.screen import promote, promoted_count, ranked_screen, screen_budget, spent_line
 from search.study.warm_start import describe_first_draw
 from space import default_space_path, load_space
+from space.errors import UsageError
 from tests.helpers import requires_shared_data
 from tests.studies import check_stores_agree, study_args
 from trainer.budget import Budget
@@ -79,6 +81,45 @@ def test_a_screened_study_refuses_early_stopping_in_one_line(capsys):
     assert "--screen: must be at least 1" in capsys.readouterr().err
 
 
+def test_the_cpu_profile_screens_a_search_but_not_a_short_look(capsys):
+    """The README's commands as they stand: 8 trials (the first draw) unscreened, 32 screened at a
+    quarter; --early-stop asks for ASHA's unscreened study; --screen 1 turns the screen off."""
+    def stages(*flags: str) -> list[str]:
+        assert main(["--budget", "2e12flops", "--no-probe", "--profile", "cpu", "--estimate", *flags]) == 0
+        return [line for line in capsys.readouterr().out.splitlines() if line.startswith("estimate: ")]
+
+    assert stages("--trials", "32") == [stages("--trials", "32", "--screen", "4")[0], stages("--trials", "8")[0]]
+    assert len(stages("--trials", "19")) == 1 and len(stages("--trials", "20")) == 2
+    assert stages("--trials", "32", "--screen", "1") == stages("--trials", "32", "--no-early-stop", "--screen", "1")
+    assert len(stages("--trials", "32", "--early-stop")) == 1
+
+
+def test_a_resume_reads_the_screen_its_study_was_started_with(tmp_path):
+    """Without --screen, a resume takes its study's stored screen, not the profile's: an unscreened
+    study stays one when resumed to 32 trials, a screen's recorded factor is kept."""
+    from search.run import check_inputs, parse_args
+
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    controllers.open_study("plain", storage, "random", "mlm", SPACE, seed=0)
+    controllers.open_study("thirds-screen", storage, "random", "mlm", SPACE, seed=0).set_user_attr(attrs.SCREEN, 3)
+    screen = lambda study: check_inputs(parse_args(["--profile", "cpu", "--budget", "2e12flops", "--no-probe",
+                                                    "--trials", "32", "--study", study, "--resume",
+                                                    "--storage", storage])).screen
+    assert (screen("plain"), screen("thirds"), screen("new")) == (1, 3, 4)
+
+
+@pytest.mark.parametrize("setting", ["4", "{factor: 0}", "{factor: 4, min_trials: twenty}"])
+def test_a_profiles_bad_screen_is_one_line_naming_the_field(tmp_path, setting):
+    from search.run import load_profile
+
+    cpu = (PROFILES / "cpu.yaml").read_text()
+    path = tmp_path / "mine.yaml"
+    path.write_text(cpu.replace("screen: {factor: 4, min_trials: 20}", f"screen: {setting}"))
+    with pytest.raises(UsageError, match=r"^--profile: mine.yaml: screen") as error:
+        load_profile(path)
+    assert "\n" not in str(error.value)
+
+
 def test_a_screened_estimate_prices_both_stages(capsys):
     assert main(["--screen", "4", "--trials", "32", "--budget", "2e12flops", "--no-probe", "--profile", "cpu",
                  "--estimate"]) == 0
@@ -95,10 +136,11 @@ def test_a_screened_study_runs_its_screen_whole_then_promotes_and_resumes(wiki_s
     budget as a study of their own; a resume to more trials screens more and promotes the next best.
     (On the local executor: the stages are two ordinary studies, run by either executor alike.)"""
     args = lambda *extra: study_args(tmp_path, wiki_slice_dir, "scr", "--controller", "random", "--objective", "mlm",
-                                     "--no-probe", "--screen", "3", "--executor", "local", *extra,
-                                     cache_dir=slice_cache)
-    assert main(args("--trials", "5")) == 0
+                                     "--no-probe", "--executor", "local", *extra, cache_dir=slice_cache)
+    assert main(args("--trials", "5", "--screen", "3")) == 0
     out = capsys.readouterr().out
+    assert "screened study (--screen 3; --screen 1 crams every trial whole): 5 trials at 6666.67tokens in study " \
+           "scr-screen, then the best 2 at 2e4tokens in study scr" in out
     screen, _ = check_stores_agree(tmp_path, "scr-screen", 5)
     study, runs = check_stores_agree(tmp_path, "scr", 2)
     assert all(t.state == TrialState.COMPLETE for t in screen.trials)  # no early stopping in a screen
@@ -114,6 +156,8 @@ def test_a_screened_study_runs_its_screen_whole_then_promotes_and_resumes(wiki_s
     assert f"promoted to 2e4tokens: the screen's trials {best[0]}, {best[1]}, best first (study scr-screen)" in out
     assert "screened study: " in out and "python -m search.confirm --study scr " in out
 
+    # Resumed without --screen: the screen's recorded factor, not the tiny profile's (none).
+    assert screen.user_attrs[attrs.SCREEN] == 3
     assert main(args("--trials", "7", "--resume")) == 0
     screen, _ = check_stores_agree(tmp_path, "scr-screen", 7)
     study, _ = check_stores_agree(tmp_path, "scr", 3)

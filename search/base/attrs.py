@@ -28,3 +28,4 @@ LINEAGE = (GENERATION, PARENT_TRIAL, MUTATION, WARM_START, FIRST_DRAW, PROMOTED_
 CONTROLLER, OBJECTIVE, SPACE, SEED = "controller", "objective", "space", "seed"  # checked again on --resume
 TRAIN, BUDGET = "train", "budget"  # TrainConfig.to_dict() and the budget's text, for search.export
 STARTUP = "startup_trials"  # the first draw's size: the samplers' start-up, read again on --resume
+SCREEN = "screen"  # a screened study's screen: its factor N (search.study.screen), read again on --resume

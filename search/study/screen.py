@@ -11,8 +11,9 @@ stopping hides nothing from it (issue 38). Why rungs of whole crams rather than 
 reports: over the default studies' 87 architectures, a cram at a quarter of 2e12 FLOPs ranks the
 final loss with Spearman 0.92, where the in-run report at the same share, read in the ramp of the
 budget-shaped learning rate, gives 0.86 (benchmarks/RESULTS.md, "Rungs over budgets"). Run for real
-at 32 trials it spent half the FLOPs of the unscreened study and kept a winner worth 2.2-3.0x
-sized-cpu's compute ("Screened studies, run for real").
+at 32 trials (3 seeds) and 200 it spent half the FLOPs of the unscreened study and kept winners
+worth 2.2x to more than 8x sized-cpu's compute ("Screened studies, run for real"), so the CPU
+profile screens from 20 trials by default (its `screen`; search.run.study_screen).
 NAME is an ordinary study at --budget: export, confirm, the report and the ladder read it unchanged.
 A promoted trial keeps the screen trial's first-draw marks, so a study whose best is a promoted warm
 start still says that the search found nothing better than it.
@@ -45,6 +46,16 @@ def screen_name(study: str) -> str:
 def screen_budget(budget: Budget, screen: int) -> Budget:
     """A screen trial's budget: 1/`screen` of `budget`, in its unit."""
     return multiple_of(budget, 1 / screen)
+
+
+def stored_screen(study: str, storage: str) -> int | None:
+    """Study `study`'s screen factor as `storage` holds it, for a resume that does not say: the one
+    recorded on its screen, 1 for a study without one, None for a study not there (or a screen of
+    before the factor was recorded): the profile's default applies."""
+    names = set(optuna.study.get_all_study_names(storage))
+    if screen_name(study) in names:
+        return optuna.load_study(study_name=screen_name(study), storage=storage).user_attrs.get(attrs.SCREEN)
+    return 1 if study in names else None
 
 
 def promoted_count(trials: int, screen: int) -> int:
