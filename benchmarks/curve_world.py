@@ -58,6 +58,7 @@ TRIAL_BUDGET = "2e12flops"  # the studies' trial budget: only repeated crams at 
 PROFILE_PATH = PROFILES / "cpu.yaml"
 PROFILE = load_profile(PROFILE_PATH)
 ASHA = {"min_trials": ASHA_MIN_TRIALS, **PROFILE["early_stop"]}  # as search.run builds it
+WORLD_SETTINGS = ("run_config", "warm_start", "early_stop")  # the profile's settings a world is made of
 
 
 
@@ -264,11 +265,13 @@ class World:
 
 
 def world_id(paths: Sequence[Path], members: int, seed: int) -> str:
-    """What the studies' world is made of: the crams read, the profile and run config (reports,
-    rungs, hand designs) and the settings that change it."""
+    """What the studies' world is made of: the crams read, the profile's settings that shape it (its
+    run config, whose reports and training every curve has, hand designs, rungs; not the rest of
+    the file, so a new setting elsewhere in it leaves the world as it was) and the settings that change it."""
     digest = hashlib.sha256(f"{members}|{seed}".encode())
-    for path in [*paths, PROFILE_PATH, CONFIGS / PROFILE["run_config"]]:
+    for path in [*paths, CONFIGS / PROFILE["run_config"]]:
         digest.update(path.name.encode() + path.read_bytes())
+    digest.update(json.dumps({key: PROFILE[key] for key in WORLD_SETTINGS}, sort_keys=True).encode())
     return digest.hexdigest()[:12]
 
 

@@ -8,6 +8,8 @@ loss at a rung (reports 2, 4 and 8 of 15), the controller learns from what was s
 
     python benchmarks/multi_fidelity.py --controllers gp --early-stop off on --seeds 30 --trials 200 \\
         --out studies.jsonl                                      # appends each study; a rerun skips them
+    python benchmarks/multi_fidelity.py --controllers gp --screen --seeds 30 --trials 200 --out studies.jsonl
+                                                                 # screened studies, search.run's default
     python benchmarks/multi_fidelity.py --report studies.jsonl   # the tables, from the stored studies alone
     python benchmarks/multi_fidelity.py --report benchmarks/crams/multi_fidelity.jsonl.gz   # RESULTS' tables
 
@@ -23,6 +25,13 @@ one told its noisy final and whole curve, counted 1. Every ask is one of the `--
 and stopped trials count, as search.run counts them). Trials run one after another here;
 search.run runs two at a time on the CPU profile, so its ASHA sees rungs in a slightly different
 order.
+
+`--screen` runs search.run's screened study instead (the CPU profile's default from 20 trials,
+search/study/screen.py): every trial told a whole cram at a quarter of the budget, predicted by a
+surrogate of the real screens (benchmarks/screen_world.py), nothing stopped; the report promotes
+the best quarter of each prefix to the whole budget, as search.run would have at that many trials,
+counts both stages' compute, and reads the same controller's unscreened study of the same seed at
+the trials that spent as much.
 
 Read at 32, 64 and `--trials` trials as prefixes of one study (controllers do not know the budget):
 regret of the winner (the complete trial with the best observed final; its noise-free final minus
@@ -56,11 +65,13 @@ from pathlib import Path
 import numpy as np
 import surrogate as surrogates  # benchmarks/surrogate.py: run as a script, this file's folder is on sys.path
 from curve_world import ASHA, BASELINE, CRAMS, World, build, inputs, schedule, warm_starts, world_id
+from screen_world import FACTOR, ScreenWorld, build_screen, screen_files, screen_world_id
 from threadpoolctl import threadpool_limits
 
 from search.base.states import COMPLETE, PRUNED, REPEAT
 from search.study.asha import SuccessiveHalving
 from search.study.controllers import CONTROLLERS, ask, open_study, tell
+from search.study.screen import promoted_count
 from space import SearchSpace
 
 READS = (32, 64)  # and --trials
@@ -115,6 +126,39 @@ def play_trials(study, space: SearchSpace, world: World, rule: SuccessiveHalving
         for key, value in zip(("state", "true", "observed", "stopped_at", "compute"), row, strict=True):
             record[key].append(round(value, 6) if isinstance(value, float) else value)
         record["warm_start"].append(proposal.warm_start)
+
+
+def run_screened(world: World, screen: ScreenWorld, space: SearchSpace, controller: str, seed: int,
+                 trials: int) -> dict:
+    """One screened study's screen (search.run's default from 20 trials on the CPU profile): every
+    trial told its whole cram at 1/FACTOR of the budget (`observed`), nothing stopped; each trial's
+    final at the whole budget (`final`, the curve world's, as the promotion would cram it) kept
+    beside it, so the report promotes the best 1/FACTOR of any prefix as search.run would."""
+    study = open_study(f"{controller}-screen-{seed}", None, controller, "mlm", space, seed=seed,
+                       warm_starts=warm_starts(), cover=True, trials=trials)
+    reports, _ = schedule()
+    record: dict[str, list] = {key: [] for key in ("state", "true", "observed", "final", "compute", "warm_start")}
+    start = time.perf_counter()
+    try:
+        for _ in range(trials):
+            proposal = ask(study, space)
+            true_final = float(world.truth(proposal.config)[reports])
+            if proposal.repeat_of is not None:
+                recorded = study.get_trials(deepcopy=False)[proposal.repeat_of].values
+                tell(study, proposal.number, recorded, state=REPEAT)
+                row = (REPEAT, true_final, recorded[0], None, 0.0)
+            else:
+                seen = screen.observe(proposal.config, seed)
+                tell(study, proposal.number, [seen])
+                row = (COMPLETE, true_final, seen, float(world.observe(proposal.config, seed)[reports]), 1 / FACTOR)
+            for key, value in zip(("state", "true", "observed", "final", "compute"), row, strict=True):
+                record[key].append(round(value, 6) if isinstance(value, float) else value)
+            record["warm_start"].append(proposal.warm_start)
+    except Exception as error:  # as run_study: search.run would have died here
+        return {"kind": "crash", "controller": controller, "early_stop": "screen", "seed": seed, "trials": trials,
+                "at_trial": len(record["state"]), "error": " ".join(f"{type(error).__name__}: {error}".split())}
+    return {"kind": "screened", "controller": controller, "factor": FACTOR, "seed": seed, "trials": trials,
+            "seconds": round(time.perf_counter() - start, 1), **record}
 
 
 # ---- the store: one JSON line per study ------------------------------------------------------------
@@ -190,12 +234,84 @@ def median_p90(values: Sequence[float]) -> str:
     return f"{np.median(values):.4f} / {np.percentile(values, 90):.4f}" if values else "-"
 
 
-def label(early_stop: bool) -> str:
-    return "on" if early_stop else "off"
+def label(early_stop: bool | str) -> str:
+    """A study's early stopping as the tables name it (a screened study's crash says "screen")."""
+    return early_stop if isinstance(early_stop, str) else "on" if early_stop else "off"
+
+
+def promoted(study: dict, trials: int) -> list[int]:
+    """The trials a screened study of its first `trials` trials promotes: the best 1/factor of its
+    complete screen trials by their observed screen loss (search.study.screen: repeats are not promoted)."""
+    complete = sorted((i for i in range(min(trials, len(study["state"]))) if study["state"][i] == COMPLETE),
+                      key=lambda i: (study["observed"][i], i))
+    return complete[:promoted_count(trials, study["factor"])]
+
+
+def screened_winner(study: dict, trials: int) -> int:
+    """The promoted trial with the best observed final: what confirm and export read."""
+    return min(promoted(study, trials), key=lambda i: study["final"][i])
+
+
+def screened_spent(study: dict, trials: int) -> float:
+    """The screen's crams so far and the promotion's, in trials run to their end."""
+    return float(sum(study["compute"][:trials])) + len(promoted(study, trials))
+
+
+def screened_tables(screened: dict[str, dict[int, dict]], combos: dict[tuple[str, bool], dict[int, dict]],
+                    optimum: float) -> str:
+    """Screened studies beside the same controller's unscreened ones of the same seeds: regret,
+    compute, regret of the unscreened study at the same compute, and warm-start winners."""
+    longest = max(len(s["state"]) for studies in screened.values() for s in studies.values())
+    reads = sorted({r for r in READS if r < longest} | {longest})
+    factor = next(iter(next(iter(screened.values())).values()))["factor"]
+    head = " | ".join(f"{r} trials" for r in reads)
+    out = [f"Screened studies (`--screen {factor}`: every trial crammed whole at 1/{factor} of the budget, the best "
+           f"1/{factor} of any prefix promoted to the whole budget, the winner the promoted trial with the best "
+           "observed final), read after " + " / ".join(map(str, reads)) + " trials, each the prefix of its seed's "
+           "screen.", "", "Regret of the winner: median / 90th percentile over seeds; beside it the same controller "
+           "unscreened (early stopping off, same seeds) read at the trials that spent as much compute (median trials)",
+           "", "| controller | " + " | ".join(f"screened, {r} trials | unscreened, same compute" for r in reads) + " |",
+           "|---|" + "---|" * (2 * len(reads))]
+    for controller, studies in screened.items():
+        full = combos.get((controller, False), {})
+        cells = []
+        for r in reads:
+            group = reaching(studies, r)
+            regrets = [s["true"][screened_winner(s, r)] - optimum for s in group]
+            matched = [(s, full[s["seed"]]) for s in group if s["seed"] in full]
+            counts = [trials_within(base, screened_spent(s, r)) for s, base in matched]
+            cells += [median_p90(regrets) + ("" if len(group) == len(studies) else f" ({len(group)} seeds)"),
+                      f"{median_p90([regret(base, n, optimum) for n, (_, base) in zip(counts, matched, strict=True)])}"
+                      f" ({np.median(counts):g})" if counts else "-"]
+        out.append(f"| {controller} | " + " | ".join(cells) + " |")
+    out += ["", "Compute in trials run to their end, screen and promotion: mean over seeds (share of the same "
+            "controller's unscreened study at the same trials, same seeds); winner a warm start: fraction of seeds", "",
+            f"| controller | {head} | " + " | ".join(f"warm-start winner, {r}" for r in reads) + " |",
+            "|---|" + "---|" * (2 * len(reads))]
+    for controller, studies in screened.items():
+        full = combos.get((controller, False), {})
+        cells, warm = [], []
+        for r in reads:
+            group = reaching(studies, r)
+            paired = [(s, full[s["seed"]]) for s in group if len(full.get(s["seed"], {}).get("state", [])) >= r]
+            share = (f" ({sum(screened_spent(s, r) for s, _ in paired) / sum(spent(b, r) for _, b in paired):.0%})"
+                     if paired else "")
+            cells.append(f"{statistics.fmean(screened_spent(s, r) for s in group):.1f}{share}" if group else "-")
+            warm.append(f"{np.mean([s['warm_start'][screened_winner(s, r)] is not None for s in group]):.2f}"
+                        if group else "-")
+        out.append(f"| {controller} | " + " | ".join(cells + warm) + " |")
+    return "\n".join(out) + "\n"
 
 
 def report(lines: list[dict]) -> str:
     setups = {line["world"]: line for line in lines if line.get("kind") == "setup"}
+    screen_setups = {line["screen_world"]: line for line in lines if line.get("kind") == "screen_setup"}
+    screened: dict[str, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))  # world -> controller -> seed
+    for line in lines:
+        if line.get("kind") == "screened":
+            kept = screened[line["world"]][line["controller"]].get(line["seed"])
+            if kept is None or len(line["state"]) > len(kept["state"]):
+                screened[line["world"]][line["controller"]][line["seed"]] = line
     studies: dict[str, dict[tuple, dict]] = defaultdict(dict)  # world -> (controller, early_stop, trials, seed) -> study
     for line in lines:
         if line.get("kind") == "study":
@@ -213,7 +329,12 @@ def report(lines: list[dict]) -> str:
             sections.append(f"(studies of world {world}: no setup line stored, skipped)")
             continue
         crashed = [line for key, line in crashes[world].items() if key not in stored]
-        sections.append(setup["text"] + "\n\n" + tables(stored, setup) + crash_note(crashed))
+        text = setup["text"] + "\n\n" + tables(stored, setup) + crash_note(crashed)
+        if screened.get(world):
+            worlds = {s["screen_world"] for studies in screened[world].values() for s in studies.values()}
+            text += "\n\n" + "\n\n".join(screen_setups[w]["text"] for w in sorted(worlds) if w in screen_setups)
+            text += "\n\n" + screened_tables(screened[world], by_combination(stored), reference(stored, setup))
+        sections.append(text)
     return "\n\n".join(sections) if sections else "no stored studies"
 
 
@@ -255,15 +376,23 @@ def reaching(studies: dict[int, dict], trials: int) -> list[dict]:
     return [study for study in studies.values() if len(study["state"]) >= trials]
 
 
+def lowest_true(stored: dict[tuple, dict]) -> float:
+    return min(true for studies in by_combination(stored).values() for s in studies.values()
+               for state, true in zip(s["state"], s["true"], strict=True) if state == COMPLETE)
+
+
+def reference(stored: dict[tuple, dict], setup: dict) -> float:
+    """What regret is read against: the lowest noise-free final known, the setup's (the table's
+    architectures and random members) or, where a study ran to its end a better one that those
+    random members missed, that trial's."""
+    return min(setup["optimum"], lowest_true(stored))
+
+
 def tables(stored: dict[tuple, dict], setup: dict) -> str:
     rungs = setup["rungs"]
     combos = by_combination(stored)
-    # The reference regret is read against: the lowest noise-free final known, the setup's (the
-    # table's architectures and random members) or, where a study ran to its end a better one that
-    # those random members missed, that trial's.
-    lowest = min(true for studies in combos.values() for s in studies.values()
-                 for state, true in zip(s["state"], s["true"], strict=True) if state == COMPLETE)
-    optimum = min(setup["optimum"], lowest)
+    lowest = lowest_true(stored)
+    optimum = reference(stored, setup)
     longest = max(len(study["state"]) for studies in combos.values() for study in studies.values())
     reads = sorted({r for r in READS if r < longest} | {longest})
     head = " | ".join(f"{r} trials" for r in reads)
@@ -368,8 +497,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--controllers", nargs="+", default=list(CONTROLLERS), choices=list(CONTROLLERS))
     parser.add_argument("--early-stop", nargs="+", default=["off", "on"], choices=["off", "on"])
-    parser.add_argument("--seeds", type=int, default=30, help="studies per combination: seeds 0..N-1")
+    parser.add_argument("--seeds", type=int, default=30, help="studies per combination: seeds S..S+N-1")
+    parser.add_argument("--first-seed", type=int, default=0, metavar="S",
+                        help="the first seed (default 0): two processes may split the seeds")
     parser.add_argument("--trials", type=int, default=200, help="trials per study, counted as search.run counts them")
+    parser.add_argument("--screen", action="store_true",
+                        help="run screened studies (search.run's default from 20 trials) instead of --early-stop's")
+    parser.add_argument("--screen-crams", type=Path, default=CRAMS,
+                        help="the whole crams at a quarter of the budget the screen is fitted on (default: %(default)s)")
     parser.add_argument("--out", type=Path, help="JSON lines: each finished study is appended; a rerun skips them")
     parser.add_argument("--report", type=Path, nargs="+", help="print the tables from these stored studies, run nothing")
     parser.add_argument("--table", type=Path, default=surrogates.DEFAULT_TABLE, help="repeated crams (default: %(default)s)")
@@ -390,12 +525,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--out FILE.jsonl is needed to run studies (or --report FILE.jsonl to read them)")
 
     world = world_id(inputs(args.table, args.crams), args.members, 0)
-    done = {(line["controller"], line["early_stop"], line["seed"], line["trials"])
-            for line in read_store([args.out]) if line.get("kind") == "study" and line.get("world") == world}
-    todo = [(controller, early_stop == "on", seed) for controller in args.controllers for early_stop in args.early_stop
-            for seed in range(args.seeds) if (controller, early_stop == "on", seed, args.trials) not in done]
-    print(f"{len(todo)} studies to run, {args.seeds * len(args.controllers) * len(args.early_stop) - len(todo)} "
-          f"stored in {args.out} (world {world})", flush=True)
+    screen_world = screen_world_id(screen_files(args.screen_crams)) if args.screen else None
+    schemes = ["screen"] if args.screen else args.early_stop
+    stored = read_store([args.out])
+    done = {(line["controller"], "screen" if line["kind"] == "screened" else label(line["early_stop"]), line["seed"],
+             line["trials"]) for line in stored
+            if line.get("world") == world and (line.get("kind") == "study" or
+                                               line.get("kind") == "screened" and line.get("screen_world") == screen_world)}
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    todo = [(controller, scheme, seed) for controller in args.controllers for scheme in schemes
+            for seed in seeds if (controller, scheme, seed, args.trials) not in done]
+    print(f"{len(todo)} studies to run, {args.seeds * len(args.controllers) * len(schemes) - len(todo)} "
+          f"stored in {args.out} (world {world}{f', screen {screen_world}' if screen_world else ''})", flush=True)
     if todo:
         logging.getLogger("optuna").setLevel(logging.WARNING)
         logging.getLogger("search.study.controllers").setLevel(logging.ERROR)  # cmaes's note would repeat per study
@@ -407,19 +548,36 @@ def main(argv: list[str] | None = None) -> int:
             setup = build(args.table, args.crams, args.members, args.folds, args.repeats, args.boot)
             print(setup.text + "\n", flush=True)
             # Rounded as the studies' values are (6 decimals): sized-cpu's own stored value is not below its bar.
-            append(args.out, {"kind": "setup", "world": world, "optimum": round(setup.optimum, 6),
-                              "baseline": round(setup.baseline, 6),
-                              "baseline_predicted": round(setup.baseline_predicted, 6), "rungs": schedule()[1],
-                              "reports": schedule()[0], "text": setup.text})
-            for controller, early_stop, seed in todo:
-                study = run_study(setup.world, setup.space, controller, early_stop, seed, args.trials)
-                append(args.out, {**study, "world": world})
+            setups = {(line["kind"], line.get("screen_world")) for line in stored if line.get("world") == world
+                      and line.get("kind") in ("setup", "screen_setup")}
+            if ("setup", None) not in setups:  # one per world: a second process, or a screened run, adds none
+                append(args.out, {"kind": "setup", "world": world, "optimum": round(setup.optimum, 6),
+                                  "baseline": round(setup.baseline, 6),
+                                  "baseline_predicted": round(setup.baseline_predicted, 6), "rungs": schedule()[1],
+                                  "reports": schedule()[0], "text": setup.text})
+            screen = None
+            if args.screen:
+                screen, text = build_screen(setup.world, setup.space, args.screen_crams, args.folds, args.repeats,
+                                            args.boot, members=min(args.members, 2000))
+                print(text + "\n", flush=True)
+                if ("screen_setup", screen_world) not in setups:
+                    append(args.out, {"kind": "screen_setup", "world": world, "screen_world": screen_world,
+                                      "text": text})
+            for controller, scheme, seed in todo:
+                if scheme == "screen":
+                    study = run_screened(setup.world, screen, setup.space, controller, seed, args.trials)
+                else:
+                    study = run_study(setup.world, setup.space, controller, scheme == "on", seed, args.trials)
+                append(args.out, {**study, "world": world, **({"screen_world": screen_world} if screen else {})})
+                name = f"{controller} {'screened' if scheme == 'screen' else f'early stopping {scheme}'} seed {seed}"
                 if study["kind"] == "crash":
-                    print(f"{controller} early stopping {label(early_stop)} seed {seed}: crashed at trial "
-                          f"{study['at_trial']}: {study['error']} (kept as a crash: a rerun runs it again)", flush=True)
+                    print(f"{name}: crashed at trial {study['at_trial']}: {study['error']} (kept as a crash: a rerun "
+                          "runs it again)", flush=True)
                     continue
-                print(f"{controller} early stopping {label(early_stop)} seed {seed}: {study['seconds']:.0f} s, compute "
-                      f"{spent(study, args.trials):.1f}, regret {regret(study, args.trials, setup.optimum):.4f}", flush=True)
+                regret_now = (study["true"][screened_winner(study, args.trials)] if scheme == "screen"
+                              else setup.optimum + regret(study, args.trials, setup.optimum)) - setup.optimum
+                compute = screened_spent(study, args.trials) if scheme == "screen" else spent(study, args.trials)
+                print(f"{name}: {study['seconds']:.0f} s, compute {compute:.1f}, regret {regret_now:.4f}", flush=True)
     print(report(read_store([args.out])))
     return 0
 

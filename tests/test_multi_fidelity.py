@@ -48,13 +48,15 @@ def runs(tmp_path_factory):
     by side: neither should write)."""
     out = tmp_path_factory.mktemp("multi_fidelity") / "studies.jsonl"
     first, _ = finish(start(*ARGS, "--out", out))
+    screened, _ = finish(start(*ARGS, "--screen", "--out", out))  # the same controllers' screened studies
     stored = out.read_text()
     with out.open("a") as file:
         file.write(CUT_SHORT)
     kept = out.with_name("kept.jsonl.gz")  # as RESULTS' store is kept in benchmarks/crams/
     kept.write_bytes(gzip.compress(stored.encode()))
     second, report, from_kept = start(*ARGS, "--out", out), start("--report", out), start("--report", kept)
-    return {"out": out, "first": first, "stored": stored, "second": finish(second), "report": finish(report)[0],
+    return {"out": out, "first": first, "screened": screened, "stored": stored, "second": finish(second),
+            "report": finish(report)[0],
             "from_kept": finish(from_kept)[0]}
 
 
@@ -157,6 +159,43 @@ def test_the_report_has_a_row_for_every_combination(runs):
     below = table(report, "| controller | early stopping | trials to beat sized-cpu |")
     assert {(row[0], row[1]) for row in below} == combinations
     assert {row[0] for row in table(report, "| controller | without, 32 trials | with, same compute |")} == set(CONTROLLERS)
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_a_screened_study_crams_a_quarter_and_promotes_its_best_quarter(runs):
+    """--screen: each trial a whole cram at a quarter of the budget, its final at the whole budget kept
+    for the promotion; the report promotes the best quarter of a prefix and counts both stages."""
+    screened = [line for line in map(json.loads, runs["stored"].splitlines()) if line["kind"] == "screened"]
+    assert sorted((s["controller"], s["seed"]) for s in screened) == sorted(
+        (c, seed) for c in CONTROLLERS for seed in range(SEEDS))
+    assert runs["screened"].startswith(f"{len(CONTROLLERS) * SEEDS} studies to run, 0 stored")
+    for study in screened:
+        assert len(study["state"]) == TRIALS and study["factor"] == 4
+        for state, compute, final in zip(study["state"], study["compute"], study["final"], strict=True):
+            assert (compute, final is None) == ((0.25, False) if state == "complete" else (0.0, True))
+    regrets = table(runs["report"], "| controller | screened, 32 trials | unscreened, same compute |")
+    assert [row[0] for row in regrets] == list(CONTROLLERS)
+    compute = {row[0]: row for row in table(runs["report"], "| controller | 32 trials | 40 trials | warm-start winner")}
+    for controller in CONTROLLERS:
+        # 40 trials: at most 10 crams' worth screened (repeats are free) and 10 promoted, against ~40 whole
+        share = re.fullmatch(r"(\S+) \((\d+)%\)", compute[controller][2])
+        assert float(share[1]) <= 20 and int(share[2]) < 60
+
+
+def test_the_promotion_is_the_best_quarter_of_the_screen_and_the_winner_the_best_final():
+    sys.path.insert(0, str(SCRIPT.parent))
+    from multi_fidelity import promoted, screened_spent, screened_winner
+
+    # 8 trials: the warm start first; trial 2 a repeat (not promoted again); a quarter of 8 is 2.
+    study = {"factor": 4, "state": ["complete", "complete", "repeat", *["complete"] * 5],
+             "observed": [5.0, 4.1, 4.1, 4.9, 4.0, 5.5, 4.6, 4.7],
+             "final": [4.9, 4.3, None, 4.2, 4.4, 4.0, 4.5, 4.6],
+             "compute": [0.25, 0.25, 0.0, *[0.25] * 5]}
+    assert promoted(study, 8) == [4, 1] and screened_winner(study, 8) == 1
+    assert screened_spent(study, 8) == pytest.approx(7 * 0.25 + 2)
+    # A prefix promotes its own best: of the first 4 trials, one (a quarter of 4).
+    assert promoted(study, 4) == [1] and screened_spent(study, 4) == pytest.approx(3 * 0.25 + 1)
 
 
 @pytest.mark.slow
