@@ -86,6 +86,19 @@ def arch_key(config: ArchConfig) -> str:
     return json.dumps(config.canonical().to_dict(), sort_keys=True)
 
 
+def arch_digest(config: ArchConfig) -> int:
+    """A number per network, what its noise is drawn from (with the seed): the same in every world."""
+    return int(hashlib.sha256(arch_key(config).encode()).hexdigest()[:16], 16)
+
+
+def files_digest(paths: Sequence[Path], salt: str) -> hashlib._Hash:
+    """A digest of `salt` and the files' names and bytes: what a world (or a screen) is made of."""
+    digest = hashlib.sha256(salt.encode())
+    for path in paths:
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest
+
+
 # ---- the multi-fidelity table ------------------------------------------------------------------
 
 @dataclass
@@ -258,8 +271,7 @@ class World:
         """The curve and final a study of seed `seed` sees: the same for this architecture in every
         controller's study of that seed, and each time it is trained in one."""
         truth = self.truth(config)
-        digest = int(hashlib.sha256(arch_key(config).encode()).hexdigest()[:16], 16)
-        normal = np.random.default_rng([seed, digest]).standard_normal(len(truth))
+        normal = np.random.default_rng([seed, arch_digest(config)]).standard_normal(len(truth))
         return truth + normal * np.array([self.sds[regime(value, *self.references)] for value in truth])
 
 
@@ -268,9 +280,7 @@ def world_id(paths: Sequence[Path], members: int, seed: int) -> str:
     """What the studies' world is made of: the crams read, the profile's settings that shape it (its
     run config, whose reports and training every curve has, hand designs, rungs; not the rest of
     the file, so a new setting elsewhere in it leaves the world as it was) and the settings that change it."""
-    digest = hashlib.sha256(f"{members}|{seed}".encode())
-    for path in [*paths, CONFIGS / PROFILE["run_config"]]:
-        digest.update(path.name.encode() + path.read_bytes())
+    digest = files_digest([*paths, CONFIGS / PROFILE["run_config"]], f"{members}|{seed}")
     digest.update(json.dumps({key: PROFILE[key] for key in WORLD_SETTINGS}, sort_keys=True).encode())
     return digest.hexdigest()[:12]
 

@@ -574,10 +574,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name}: crashed at trial {study['at_trial']}: {study['error']} (kept as a crash: a rerun "
                           "runs it again)", flush=True)
                     continue
-                regret_now = (study["true"][screened_winner(study, args.trials)] if scheme == "screen"
-                              else setup.optimum + regret(study, args.trials, setup.optimum)) - setup.optimum
-                compute = screened_spent(study, args.trials) if scheme == "screen" else spent(study, args.trials)
-                print(f"{name}: {study['seconds']:.0f} s, compute {compute:.1f}, regret {regret_now:.4f}", flush=True)
+                if scheme == "screen":
+                    loss, compute = study["true"][screened_winner(study, args.trials)] - setup.optimum, \
+                        screened_spent(study, args.trials)
+                else:
+                    loss, compute = regret(study, args.trials, setup.optimum), spent(study, args.trials)
+                print(f"{name}: {study['seconds']:.0f} s, compute {compute:.1f}, regret {loss:.4f}", flush=True)
     print(report(read_store([args.out])))
     return 0
 

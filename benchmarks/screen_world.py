@@ -14,7 +14,6 @@ two crams, one seed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import surrogate as surrogates  # benchmarks/surrogate.py: run as a script, this file's folder is on sys.path
-from curve_world import PROFILE, TRIAL_BUDGET, World, arch_key, schedule
+from curve_world import PROFILE, TRIAL_BUDGET, World, arch_digest, arch_key, files_digest, schedule
 from default_study import CRAMS, read
 from scipy import stats
 
@@ -57,10 +56,7 @@ def read_screens(paths: list[Path]) -> dict[str, tuple[ArchConfig, float]]:
 
 
 def screen_world_id(paths: list[Path]) -> str:
-    digest = hashlib.sha256(SCREEN_BUDGET.encode())
-    for path in paths:
-        digest.update(path.name.encode() + path.read_bytes())
-    return digest.hexdigest()[:12]
+    return files_digest(paths, SCREEN_BUDGET).hexdigest()[:12]
 
 
 @dataclass
@@ -82,8 +78,7 @@ class ScreenWorld:
 
     def observe(self, config: ArchConfig, seed: int) -> float:
         truth = self.truth(config)
-        digest = int(hashlib.sha256(arch_key(config).encode()).hexdigest()[:16], 16)
-        noise = np.random.default_rng([seed, digest, FACTOR]).standard_normal()  # not the final's draw
+        noise = np.random.default_rng([seed, arch_digest(config), FACTOR]).standard_normal()  # not the final's draw
         return truth + noise * self.world.sds[regime(truth, *self.world.references)]
 
 
@@ -111,11 +106,13 @@ def build_screen(world: World, space: SearchSpace, crams: Path, folds: int, repe
                      f"{surrogates.interval(q.spearman)} | {q.rmse:.4f} |")
     # Does the simulated screen rank the final as the real screens do? Measured over the architectures
     # crammed at both budgets (the final from the studies' trials or the screened studies' promotions).
-    finals = {key: float(row["validation_loss"]) for path in [*sorted(crams.glob("bracket-*.csv")),
-                                                              *sorted(crams.glob("default-s[0-9].csv"))]
-              if "-screen" not in path.stem and "-confirm" not in path.stem
-              for row in read(path) if row.get("state") == COMPLETE and row.get("arch")
-              for key in [arch_key(ArchConfig.from_dict(json.loads(row["arch"])))]}
+    finals: dict[str, float] = {}
+    for path in [*sorted(crams.glob("bracket-*.csv")), *sorted(crams.glob("default-s[0-9].csv"))]:
+        if "-screen" in path.stem or "-confirm" in path.stem:
+            continue
+        for row in read(path):
+            if row.get("state") == COMPLETE and row.get("arch"):
+                finals[arch_key(ArchConfig.from_dict(json.loads(row["arch"])))] = float(row["validation_loss"])
     both = [key for key in screens if key in finals]
     measured = stats.spearmanr([screens[k][1] for k in both], [finals[k] for k in both]).statistic
     fitted = stats.spearmanr([screen.truth(screens[k][0]) for k in both],
