@@ -13,7 +13,12 @@ seed 0 (lead-tpe-early). The 200-trial command likewise: bracket-200 and default
     #        --study bracket-sS, or --early-stop --study early-sS)
     python benchmarks/default_study.py export --study default-s0 --storage sqlite:///optuna.db --tracking-uri sqlite:///mlflow.db
     python benchmarks/default_study.py export --study bracket-s0-screen --storage sqlite:///optuna.db   # no confirmations
-    # sized-cpu at 2x, 4x and 8x with the confirmation seeds (python -m trainer.cram ... --seed 1001 --out DIR)
+    # the screened studies' promotions again with the CPU default's share, from a copy of each screen
+    python benchmarks/default_study.py restore --study bracket-s1-screen --as eighth-s1-screen --storage sqlite:///optuna.db
+    #        python -m search.run --trials 32 --budget 2e12flops --data ../shared/data --no-probe --seed 1 \
+    #            --study eighth-s1 --resume --promote 8      (the copied screen recorded a quarter: say the share)
+    python benchmarks/default_study.py export --study eighth-s1 --storage sqlite:///optuna.db
+    # sized-cpu at 2x, 4x, 8x and 16x with the confirmation seeds (python -m trainer.cram ... --seed 1001 --out DIR)
     python benchmarks/default_study.py export-crams --name sized-cpu-ladder --configuration sized-cpu DIR [DIR ...]
     # the other hand designs at 1x with the same seeds, which one a winner has to beat
     python benchmarks/default_study.py export-crams --name hand-designs --configuration neobert-cpu DIR [DIR ...]
@@ -45,6 +50,7 @@ from search.run import check_storage, load_profile
 from search.study import asha
 from search.study.estimate import asha_rungs
 from search.study.screen import SUFFIX as SCREEN_SUFFIX
+from search.study.screen import promoted_count
 from search.study.stopped import rung_ranking
 from space.arch import ArchConfig
 from space.errors import UsageError
@@ -58,6 +64,8 @@ RUN_COLUMNS = ["name", "kind", "configuration", "budget", "seed", "validation_lo
                "seconds"]
 BASELINE = "sized-cpu"
 SCREEN = 4  # the screened studies' --screen: their screen crams at a quarter of the trial budget
+PROMOTED = 4  # and the share they promoted, --promote 4 (--screen's own until 2026-12-08): the best quarter
+DEFAULT_PROMOTE = load_profile(PROFILES / "cpu.yaml")["screen"]["promote"]  # the CPU profile's since: read from them
 HAND_DESIGNS = "hand-designs"  # the other hand designs crammed on the confirmations' seeds
 TRIAL_FLOPS = 2e12  # the README's trial budget, 2e12flops
 ASHA = load_profile(PROFILES / "cpu.yaml")["early_stop"]  # the rungs `search.run --early-stop` uses
@@ -168,9 +176,10 @@ def keep_study(study_name: str, storage: str, crams: Path = CRAMS) -> Path:
     return path
 
 
-def restore_study(study_name: str, storage: str, crams: Path = CRAMS) -> None:
-    """The kept study copied into `storage`, where `search.run --study NAME --resume` goes on with it
-    (its trials left running are failed and run again; MLflow's runs are rewritten from it)."""
+def restore_study(study_name: str, storage: str, crams: Path = CRAMS, to_name: str | None = None) -> None:
+    """The kept study copied into `storage` (as `to_name`: a study of its own), where `search.run
+    --study NAME --resume` goes on with it (its trials left running are failed and run again;
+    MLflow's runs are rewritten from it)."""
     import optuna
 
     path = kept(study_name, crams)
@@ -184,9 +193,10 @@ def restore_study(study_name: str, storage: str, crams: Path = CRAMS) -> None:
         copy = Path(scratch) / "journal.log"
         copy.write_bytes(gzip.decompress(path.read_bytes()))
         try:
-            optuna.copy_study(from_study_name=study_name, from_storage=journal(copy), to_storage=storage)
+            optuna.copy_study(from_study_name=study_name, from_storage=journal(copy), to_storage=storage,
+                              to_study_name=to_name or study_name)
         except optuna.exceptions.DuplicatedStudyError:
-            raise SystemExit(f"restore --storage: {storage} holds a study {study_name} already; resume it there "
+            raise SystemExit(f"restore --storage: {storage} holds a study {to_name or study_name} already; resume it there "
                              "or pass an empty storage") from None
 
 
@@ -199,8 +209,8 @@ def read(path: Path) -> list[dict]:
 
 def studies(kind: str = "default", crams: Path = CRAMS) -> dict[str, list[dict]]:
     """The studies `<kind>-sS` (default: the README's command with every trial crammed whole, the
-    default until 2026-12-07; early: with --early-stop; bracket: screened, --screen 4, the
-    promotion's trials), by name."""
+    default until 2026-12-07; early: with --early-stop; bracket: screened, --screen 4 --promote 4,
+    the promotion's trials; eighth: their promotions run again with --promote 8), by name."""
     return {path.stem: read(path) for path in sorted(crams.glob(f"{kind}-s[0-9]*.csv"))
             if not path.stem.endswith(("-confirm", SCREEN_SUFFIX))}
 
@@ -374,36 +384,97 @@ def compute_ladder(theirs: dict[int, float], rows: list[dict]) -> dict[float, fl
     return dict(sorted(ladder.items()))
 
 
-def confirmation_table(all_rows: dict[str, list[dict]], budget: str = "2e12flops") -> str:
-    confirmed = {name: read(CRAMS / f"{name}-confirm.csv") for name in all_rows if (CRAMS / f"{name}-confirm.csv").is_file()}
-    pooled = baseline_seeds(budget)
+def confirmed(name: str, rows: list[dict], budget: str = "2e12flops") -> dict | None:
+    """Study `name`'s winner on its confirmation's fresh seeds (`<name>-confirm.csv`) beside sized-cpu,
+    with its compute-equivalent multiple and the payback of the search (`rows`, its trials: a
+    screened study's with its screen's), or None without a confirmation. `mismatch` names the
+    study's best trial where the confirmation crammed another."""
+    path = CRAMS / f"{name}-confirm.csv"
+    if not path.is_file():
+        return None
+    runs = read(path)
+    candidate = next(row["configuration"] for row in runs if row["kind"] == "confirmation")
+    best = min((row for row in trained(rows) if row["study"] == name), key=lambda row: float(row["validation_loss"]))
+    ours = seeds(runs, candidate, budget)
+    theirs = seeds(runs, BASELINE, budget) or baseline_seeds(budget)  # paired with the baseline its own confirmation crammed
     ladder_path = CRAMS / f"{BASELINE}-ladder.csv"
-    ladder_rows = read(ladder_path) if ladder_path.is_file() else []
+    ladder = compute_ladder(theirs, read(ladder_path) if ladder_path.is_file() else [])
+    multiples = list(ladder)
+    multiple = compute_equivalent(multiples, list(ladder.values()), statistics.mean(ours.values()))
+    # The search's compute, as benchmarks/accounting.py counts it: every trial it trained and the
+    # winner's confirmations (a user runs both before the final cram).
+    search_flops = spent_flops(rows) + sum(cram_flops(run) for run in runs if run["configuration"] == candidate)
+    # Paid back against the multiple as the table shows it; past the ladder's top, a bound.
+    account = payback(search_flops, TRIAL_FLOPS, multiples[-1] if multiple is None else round(multiple, 1))
+    return {"candidate": candidate, "mismatch": None if candidate == f"trial {best['trial']}" else f"trial {best['trial']}",
+            "ours": ours, "theirs": theirs, "difference": paired(ours, theirs), "ladder": ladder, "multiple": multiple,
+            "search_runs": account["search_in_final_runs"], "payback": account["payback_runs"]}
+
+
+def payback_text(record: dict) -> str:
+    if record["payback"] is None:
+        return "never"
+    return f"{'under ' if record['multiple'] is None else ''}{record['payback']:.1f}"
+
+
+def confirmation_table(all_rows: dict[str, list[dict]], budget: str = "2e12flops") -> str:
     lines = [f"| study | winner | winner, 3 fresh seeds | {BASELINE}, same seeds | paired (winner - {BASELINE}) | "
              f"{BASELINE}'s compute for the winner's loss | search FLOPs in final runs | payback (final runs) |",
              "|---|---|---|---|---|---|---|---|"]
-    for name, runs in confirmed.items():
-        rows = all_rows[name]
-        candidate = next(row["configuration"] for row in runs if row["kind"] == "confirmation")
-        ours = seeds(runs, candidate, budget)
-        theirs = seeds(runs, BASELINE, budget) or pooled  # paired with the baseline its own confirmation crammed
-        difference = paired(ours, theirs)
-        ladder = compute_ladder(theirs, ladder_rows)
-        multiples = list(ladder)
-        multiple = compute_equivalent(multiples, list(ladder.values()), statistics.mean(ours.values()))
-        # The search's compute, as benchmarks/accounting.py counts it: every trial it trained and the
-        # winner's confirmations (a user runs both before the final cram).
-        search_flops = spent_flops(rows) + sum(cram_flops(run) for run in runs if run["configuration"] == candidate)
-        # Paid back against the multiple as the table shows it; past the ladder's top, a bound.
-        account = payback(search_flops, TRIAL_FLOPS, multiples[-1] if multiple is None else round(multiple, 1))
-        paid = ("never" if account["payback_runs"] is None
-                else f"{'under ' if multiple is None else ''}{account['payback_runs']:.1f}")
-        lines.append(f"| {name} | {candidate} | {interval(ours.values()).text()} | {interval(theirs.values()).text()} "
-                     f"| {difference.text()} | {multiple_text(multiple, ladder)} | "
-                     f"{account['search_in_final_runs']:.1f} | {paid} |")
+    for name, rows in all_rows.items():
+        record = confirmed(name, rows, budget)
+        if record is None:
+            continue
+        if record["mismatch"]:  # another winner than the one crammed on fresh seeds: nothing to read
+            lines.append(f"| {name} | {record['mismatch']}, not confirmed (the confirmation crammed "
+                         f"{record['candidate']}) | - | - | - | - | - | - |")
+            continue
+        lines.append(f"| {name} | {record['candidate']} | {interval(record['ours'].values()).text()} "
+                     f"| {interval(record['theirs'].values()).text()} | {record['difference'].text()} "
+                     f"| {multiple_text(record['multiple'], record['ladder'])} | {record['search_runs']:.1f} "
+                     f"| {payback_text(record)} |")
+    ladder_rows = read(CRAMS / f"{BASELINE}-ladder.csv") if (CRAMS / f"{BASELINE}-ladder.csv").is_file() else []
     ladder_text = ", ".join(f"{budget}: {interval(seeds(ladder_rows, BASELINE, budget).values()).text()}"
                             for budget in sorted({row["budget"] for row in ladder_rows}, key=lambda b: Budget.parse(b).amount))
     return "\n".join(lines) + (f"\n\n{BASELINE} up the compute axis, same seeds: {ladder_text}." if ladder_text else "")
+
+
+def target_table(all_rows: dict[str, list[dict]]) -> str:
+    """Issue 38's target, study by study, met or not: screened studies' trials with their screens'
+    (`with_screens`), each beside the same trials crammed whole at the trial budget."""
+    names = list(all_rows)
+    cells: dict[str, list[str]] = {row: [] for row in TARGET_ROWS}
+    for name, rows in all_rows.items():
+        ours = [row for row in rows if row["study"] == name]
+        best = min(trained(ours), key=lambda row: float(row["validation_loss"]))
+        record = confirmed(name, rows)
+        screen = [row for row in rows if row["study"] != name]
+        whole = (sum(map(cram_flops, trained(screen))) * SCREEN if screen
+                 else sum(map(cram_flops, trained(ours))) + TRIAL_FLOPS * len(stopped(ours)))
+        share = spent_flops(rows) / whole
+        verdict = lambda ok, text: f"{'met' if ok else 'not met'}: {text}"  # noqa: E731
+        cells["best trial not a warm start"].append(verdict(
+            not best["first_draw"].startswith("warm start"), best["first_draw"] or f"the controller's trial {best['trial']}"))
+        if record is None or record["mismatch"]:
+            for row in TARGET_ROWS[1:4]:
+                cells[row].append("not confirmed")
+        else:
+            cells[TARGET_ROWS[1]].append(verdict(
+                record["difference"].outside_noise and record["difference"].mean < 0,
+                f"{interval(record['ours'].values()).text()}, paired {record['difference'].text()}"))
+            multiple = record["multiple"]
+            cells[TARGET_ROWS[2]].append(verdict(multiple is None or multiple >= 2,
+                                                 multiple_text(multiple, record["ladder"])))
+            cells[TARGET_ROWS[3]].append(verdict(record["payback"] is not None and record["payback"] <= 10,
+                                                 payback_text(record)))
+        cells[TARGET_ROWS[4]].append(verdict(share <= 0.6, f"{share:.0%}"))
+    lines = ["| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    return "\n".join(lines + [f"| {row} | " + " | ".join(cells[row]) + " |" for row in TARGET_ROWS])
+
+
+TARGET_ROWS = ("best trial not a warm start", f"winner beats {BASELINE} outside noise, 3 fresh seeds",
+               "worth at least 2x its compute", "pays back within 10 final runs",
+               "at most 60% of the FLOPs of every trial run to its end")
 
 
 def hand_design_table(budget: str = "2e12flops") -> str:
@@ -458,9 +529,20 @@ def with_screens(all_rows: dict[str, list[dict]]) -> dict[str, list[dict]]:
     return {name: rows + read(CRAMS / f"{name}{SCREEN_SUFFIX}.csv") for name, rows in all_rows.items()}
 
 
+def best_share(rows: list[dict], screen: list[dict], promote: int) -> list[dict]:
+    """The promoted trials (`rows`) that `--promote promote` keeps of a screened study that promoted
+    more: those of the screen's best promoted_count(trials, promote) distinct architectures, in the
+    screen's order (search.study.screen.ranked_screen), which its promotion queued first. The same
+    crams as that study's: its screen does not depend on the share, and a promoted cram is its
+    architecture's at the budget and the study's seed."""
+    ranked = sorted(trained(screen), key=lambda row: (float(row["validation_loss"]), int(row["trial"])))
+    best = set(list(dict.fromkeys(row["arch"] for row in ranked))[:promoted_count(len(screen), promote)])
+    return [row for row in rows if row["arch"] in best]
+
+
 def screened_table(all_rows: dict[str, list[dict]]) -> str:
     """Screened studies (search.run --screen 4): the screen at a quarter of the budget, the promoted
-    best quarter at the budget, the best trial, where the screen ranked it, and the FLOPs against
+    best share at the budget, the best trial, where the screen ranked it, and the FLOPs against
     the same trials crammed whole and against the unscreened study of the same seed."""
     unscreened = {**studies(), **({LONG_STUDY: read(CRAMS / f"{LONG_STUDY}.csv")}
                                   if (CRAMS / f"{LONG_STUDY}.csv").is_file() else {})}
@@ -495,6 +577,29 @@ def screened_table(all_rows: dict[str, list[dict]]) -> str:
             f"{' (' + first[0]['first_draw'] + ')' if first else ''} | {loss(by_loss(own)[0] if own else None)} "
             f"| {beating(own, baseline)} "
             f"| {rho:.2f} | {spent:.3g} | {spent / (screened * SCREEN):.0%} | {versus} |")
+    return "\n".join(lines)
+
+
+def rerun_table(reruns: dict[str, list[dict]], screened: dict[str, list[dict]]) -> str:
+    """The promotions run again with the profile's share (`search.run ... --promote 8 --resume` on a
+    copy of each real screen, studies eighth-sS) beside the crams `best_share` reads from the
+    studies that promoted more: the same architectures, and their losses apart by no more than the
+    CPU's arithmetic."""
+    lines = ["| study | its screen | promoted | the same architectures as the stored share | largest loss difference "
+             "| best trial | its loss | the stored share's best |", "|---|---|---|---|---|---|---|---|"]
+    for name, rows in reruns.items():
+        source = name.replace("eighth", "bracket")
+        stored = {row["arch"]: row for row in best_share(screened[source], read(CRAMS / f"{source}{SCREEN_SUFFIX}.csv"),
+                                                         DEFAULT_PROMOTE)}
+        done = trained(rows)
+        same = {row["arch"] for row in done} == set(stored)
+        gap = max(abs(float(row["validation_loss"]) - float(stored[row["arch"]]["validation_loss"]))
+                  for row in done if row["arch"] in stored)
+        best = min(done, key=lambda row: float(row["validation_loss"]))
+        theirs = min(stored.values(), key=lambda row: float(row["validation_loss"]))
+        lines.append(f"| {name} | {source}{SCREEN_SUFFIX} | {len(done)} | {'yes' if same else 'no'} | {gap:.1e} "
+                     f"| {named(best)} | {float(best['validation_loss']):.4f} | {named(theirs)}, "
+                     f"{float(theirs['validation_loss']):.4f} |")
     return "\n".join(lines)
 
 
@@ -541,16 +646,29 @@ def report() -> str:
     if early:
         sections += [f"### With --early-stop (grace {ASHA['grace_reports']}, reduction {ASHA['reduction_factor']})",
                      early_table(early), "### Their winners confirmed", confirmation_table(early)]
-    if (CRAMS / f"{LONG_STUDY}.csv").exists():
-        long_rows = {LONG_STUDY: read(CRAMS / f"{LONG_STUDY}.csv")}
+    long_rows = {LONG_STUDY: read(CRAMS / f"{LONG_STUDY}.csv")} if (CRAMS / f"{LONG_STUDY}.csv").exists() else {}
+    if long_rows:
         sections += [f"### The 200-trial study ({LONG_STUDY})", long_table(long_rows[LONG_STUDY])]
         if (CRAMS / f"{LONG_STUDY}-confirm.csv").exists():
             sections += ["### Its winner confirmed", confirmation_table(long_rows)]
     screened = {**studies("bracket"), **({SCREENED_LONG: read(CRAMS / f"{SCREENED_LONG}.csv")}
                                          if (CRAMS / f"{SCREENED_LONG}.csv").is_file() else {})}
     if screened:
-        sections += [f"### Screened: --screen {SCREEN}", screened_table(screened),
-                     "### Their winners confirmed", confirmation_table(with_screens(screened))]
+        sections += [f"### Screened: --screen {SCREEN} --promote {PROMOTED}, as they ran", screened_table(screened),
+                     "### Their winners confirmed", confirmation_table(with_screens(screened)),
+                     "### Issue 38's target", target_table(with_screens(screened))]
+        share = {name: best_share(rows, read(CRAMS / f"{name}{SCREEN_SUFFIX}.csv"), DEFAULT_PROMOTE)
+                 for name, rows in screened.items()}
+        sections += [f"### Screened: --screen {SCREEN} --promote {DEFAULT_PROMOTE}, the CPU profile's default: "
+                     "the same studies' promotions of their screen's best share", screened_table(share),
+                     "### Their winners confirmed", confirmation_table(with_screens(share)),
+                     "### Issue 38's target", target_table(with_screens(share))]
+        reruns = {name: rows for name, rows in studies("eighth").items() if name.replace("eighth", "bracket") in screened}
+        if reruns:
+            sections += [f"### The promotions run again with --promote {DEFAULT_PROMOTE}", rerun_table(reruns, screened)]
+    unscreened = {**all_rows, **long_rows}
+    if unscreened:
+        sections += ["### Issue 38's target, every trial crammed whole (--screen 1)", target_table(unscreened)]
     if (CRAMS / f"{LEAD_STUDY}.csv").exists():
         lead_rows = {LEAD_STUDY: read(CRAMS / f"{LEAD_STUDY}.csv")}
         sections += [f"### TPE with --early-stop at 62 trials ({LEAD_STUDY})", early_table(lead_rows)]
@@ -574,15 +692,17 @@ def main(argv: list[str] | None = None) -> int:
     restore = commands.add_parser("restore", help="a kept study into an Optuna storage, for search.run --resume")
     restore.add_argument("--study", required=True)
     restore.add_argument("--storage", required=True, help="where search.run will resume it, e.g. sqlite:///optuna.db")
+    restore.add_argument("--as", dest="to_name", help="under this name instead, a study of its own")
     commands.add_parser("report", help="the tables, from benchmarks/crams/ alone")
     args = parser.parse_args(argv)
     if args.command == "export":
         for path in export_study(args.study, args.storage, args.tracking_uri):
             print(f"wrote {path}")
     elif args.command == "restore":
-        restore_study(args.study, args.storage)
-        print(f"restored {args.study} into {args.storage}; continue it with  python -m search.run "
-              f"--study {args.study} --resume ... (the flags it was started with)")
+        restore_study(args.study, args.storage, to_name=args.to_name)
+        print(f"restored {args.study} into {args.storage}{f' as {args.to_name}' if args.to_name else ''}; continue "
+              f"it with  python -m search.run --study {args.to_name or args.study} --resume ... (the flags it was "
+              "started with)")
     elif args.command == "export-crams":
         print(f"wrote {export_crams(args.name, args.configuration, args.runs)}")
     else:

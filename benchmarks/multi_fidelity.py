@@ -29,9 +29,9 @@ order.
 `--screen` runs search.run's screened study instead (the CPU profile's default from 20 trials,
 search/study/screen.py): every trial told a whole cram at a quarter of the budget, predicted by a
 surrogate of the real screens (benchmarks/screen_world.py), nothing stopped; the report promotes
-the best quarter of each prefix to the whole budget, as search.run would have at that many trials,
-counts both stages' compute, and reads the same controller's unscreened study of the same seed at
-the trials that spent as much.
+the best quarter of each prefix to the whole budget, then the best eighth (the profile's
+`--promote`), as search.run would have at that many trials, counts both stages' compute, and
+reads the same controller's unscreened study of the same seed at the trials that spent as much.
 
 Read at 32, 64 and `--trials` trials as prefixes of one study (controllers do not know the budget):
 regret of the winner (the complete trial with the best observed final; its noise-free final minus
@@ -65,7 +65,7 @@ from pathlib import Path
 import numpy as np
 import surrogate as surrogates  # benchmarks/surrogate.py: run as a script, this file's folder is on sys.path
 from curve_world import ASHA, BASELINE, CRAMS, World, build, inputs, schedule, warm_starts, world_id
-from screen_world import FACTOR, ScreenWorld, build_screen, screen_files, screen_world_id
+from screen_world import FACTOR, PROMOTE, ScreenWorld, build_screen, screen_files, screen_world_id
 from threadpoolctl import threadpool_limits
 
 from search.base.states import COMPLETE, PRUNED, REPEAT
@@ -239,35 +239,40 @@ def label(early_stop: bool | str) -> str:
     return early_stop if isinstance(early_stop, str) else "on" if early_stop else "off"
 
 
-def promoted(study: dict, trials: int) -> list[int]:
-    """The trials a screened study of its first `trials` trials promotes: the best 1/factor of its
+# The shares the report promotes: the screen's own (the CPU profile's until 2026-12-08) and the profile's.
+PROMOTE_SHARES = sorted({FACTOR, PROMOTE})
+
+
+def promoted(study: dict, trials: int, promote: int) -> list[int]:
+    """The trials a screened study of its first `trials` trials promotes: the best 1/`promote` of its
     complete screen trials by their observed screen loss (search.study.screen: repeats are not promoted)."""
     complete = sorted((i for i in range(min(trials, len(study["state"]))) if study["state"][i] == COMPLETE),
                       key=lambda i: (study["observed"][i], i))
-    return complete[:promoted_count(trials, study["factor"])]
+    return complete[:promoted_count(trials, promote)]
 
 
-def screened_winner(study: dict, trials: int) -> int:
+def screened_winner(study: dict, trials: int, promote: int) -> int:
     """The promoted trial with the best observed final: what confirm and export read."""
-    return min(promoted(study, trials), key=lambda i: study["final"][i])
+    return min(promoted(study, trials, promote), key=lambda i: study["final"][i])
 
 
-def screened_spent(study: dict, trials: int) -> float:
+def screened_spent(study: dict, trials: int, promote: int) -> float:
     """The screen's crams so far and the promotion's, in trials run to their end."""
-    return float(sum(study["compute"][:trials])) + len(promoted(study, trials))
+    return float(sum(study["compute"][:trials])) + len(promoted(study, trials, promote))
 
 
 def screened_tables(screened: dict[str, dict[int, dict]], combos: dict[tuple[str, bool], dict[int, dict]],
-                    optimum: float) -> str:
-    """Screened studies beside the same controller's unscreened ones of the same seeds: regret,
-    compute, regret of the unscreened study at the same compute, and warm-start winners."""
+                    optimum: float, promote: int) -> str:
+    """Screened studies promoting the best 1/`promote` (the share is the report's: a screen does not
+    depend on it) beside the same controller's unscreened ones of the same seeds: regret, compute,
+    regret of the unscreened study at the same compute, and warm-start winners."""
     longest = max(len(s["state"]) for studies in screened.values() for s in studies.values())
     reads = sorted({r for r in READS if r < longest} | {longest})
     factor = next(iter(next(iter(screened.values())).values()))["factor"]
     head = " | ".join(f"{r} trials" for r in reads)
-    out = [f"Screened studies (`--screen {factor}`: every trial crammed whole at 1/{factor} of the budget, the best "
-           f"1/{factor} of any prefix promoted to the whole budget, the winner the promoted trial with the best "
-           "observed final), read after " + " / ".join(map(str, reads)) + " trials, each the prefix of its seed's "
+    out = [f"Screened studies (`--screen {factor} --promote {promote}`: every trial crammed whole at 1/{factor} of the "
+           f"budget, the best 1/{promote} of any prefix promoted to the whole budget, the winner the promoted trial with "
+           "the best observed final), read after " + " / ".join(map(str, reads)) + " trials, each the prefix of its seed's "
            "screen.", "", "Regret of the winner: median / 90th percentile over seeds; beside it the same controller "
            "unscreened (early stopping off, same seeds) read at the trials that spent as much compute (median trials)",
            "", "| controller | " + " | ".join(f"screened, {r} trials | unscreened, same compute" for r in reads) + " |",
@@ -277,9 +282,9 @@ def screened_tables(screened: dict[str, dict[int, dict]], combos: dict[tuple[str
         cells = []
         for r in reads:
             group = reaching(studies, r)
-            regrets = [s["true"][screened_winner(s, r)] - optimum for s in group]
+            regrets = [s["true"][screened_winner(s, r, promote)] - optimum for s in group]
             matched = [(s, full[s["seed"]]) for s in group if s["seed"] in full]
-            counts = [trials_within(base, screened_spent(s, r)) for s, base in matched]
+            counts = [trials_within(base, screened_spent(s, r, promote)) for s, base in matched]
             cells += [median_p90(regrets) + ("" if len(group) == len(studies) else f" ({len(group)} seeds)"),
                       f"{median_p90([regret(base, n, optimum) for n, (_, base) in zip(counts, matched, strict=True)])}"
                       f" ({np.median(counts):g})" if counts else "-"]
@@ -294,10 +299,10 @@ def screened_tables(screened: dict[str, dict[int, dict]], combos: dict[tuple[str
         for r in reads:
             group = reaching(studies, r)
             paired = [(s, full[s["seed"]]) for s in group if len(full.get(s["seed"], {}).get("state", [])) >= r]
-            share = (f" ({sum(screened_spent(s, r) for s, _ in paired) / sum(spent(b, r) for _, b in paired):.0%})"
+            share = (f" ({sum(screened_spent(s, r, promote) for s, _ in paired) / sum(spent(b, r) for _, b in paired):.0%})"
                      if paired else "")
-            cells.append(f"{statistics.fmean(screened_spent(s, r) for s in group):.1f}{share}" if group else "-")
-            warm.append(f"{np.mean([s['warm_start'][screened_winner(s, r)] is not None for s in group]):.2f}"
+            cells.append(f"{statistics.fmean(screened_spent(s, r, promote) for s in group):.1f}{share}" if group else "-")
+            warm.append(f"{np.mean([s['warm_start'][screened_winner(s, r, promote)] is not None for s in group]):.2f}"
                         if group else "-")
         out.append(f"| {controller} | " + " | ".join(cells + warm) + " |")
     return "\n".join(out) + "\n"
@@ -333,7 +338,8 @@ def report(lines: list[dict]) -> str:
         if screened.get(world):
             worlds = {s["screen_world"] for studies in screened[world].values() for s in studies.values()}
             text += "\n\n" + "\n\n".join(screen_setups[w]["text"] for w in sorted(worlds) if w in screen_setups)
-            text += "\n\n" + screened_tables(screened[world], by_combination(stored), reference(stored, setup))
+            text += "".join("\n\n" + screened_tables(screened[world], by_combination(stored), reference(stored, setup), share)
+                            for share in PROMOTE_SHARES)
         sections.append(text)
     return "\n\n".join(sections) if sections else "no stored studies"
 
@@ -575,8 +581,8 @@ def main(argv: list[str] | None = None) -> int:
                           "runs it again)", flush=True)
                     continue
                 if scheme == "screen":
-                    loss, compute = study["true"][screened_winner(study, args.trials)] - setup.optimum, \
-                        screened_spent(study, args.trials)
+                    loss, compute = study["true"][screened_winner(study, args.trials, PROMOTE)] - setup.optimum, \
+                        screened_spent(study, args.trials, PROMOTE)
                 else:
                     loss, compute = regret(study, args.trials, setup.optimum), spent(study, args.trials)
                 print(f"{name}: {study['seconds']:.0f} s, compute {compute:.1f}, regret {loss:.4f}", flush=True)

@@ -34,7 +34,8 @@ from trainer.regimes import regime
 
 SCREEN_FILES = ("bracket-s[0-9]-screen.csv", "bracket-200-screen.csv")  # search.run's screens
 RUNG_FILE = "budget-rungs.csv"  # the default studies' architectures crammed again at other budgets
-FACTOR = PROFILE["screen"]["factor"]  # the profile's screen: 1/FACTOR of the budget, the best 1/FACTOR promoted
+FACTOR = PROFILE["screen"]["factor"]  # the profile's screen: 1/FACTOR of the budget
+PROMOTE = PROFILE["screen"].get("promote", FACTOR)  # and its best 1/PROMOTE promoted to the whole budget
 SCREEN_BUDGET = screen_budget(Budget.parse(TRIAL_BUDGET), FACTOR).text  # as search.run spells it: 5e11flops
 
 

@@ -10,6 +10,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from search.analysis.stats import plus_minus
+from search.tracking.params import params_under
+from space.arch import ArchConfig, ArchError
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 0;
@@ -83,6 +85,15 @@ def interval(mean, low, high, *, signed: bool = False) -> str:
     return plus_minus(float(mean), (float(high) - float(low)) / 2, signed=signed)
 
 
+def architecture(row) -> str:
+    """A run's architecture in a few words (`ArchConfig.describe`), from its `params.arch.*`."""
+    arch = params_under(row, "arch")
+    try:
+        return ArchConfig.from_dict(arch).describe() if arch else "?"
+    except ArchError as error:  # an impossible architecture (its trial failed), or a field this version lacks
+        return f"invalid: {error}"
+
+
 def esc(text) -> str:
     return "–" if _missing(text) else html.escape(str(text))
 
@@ -106,6 +117,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str] | str], numeric: 
     body = "".join(f"<tr>{cells(row, 'td')}</tr>" if not isinstance(row, str) else row for row in rows)
     return (f'<div class="table-wrap"><table><thead><tr>{cells(headers, "th")}</tr></thead>'
             f"<tbody>{body}</tbody></table></div>")
+
+
+# The figures' colours: every trial, a front or highlighted trial, the best so far, a lineage edge.
+COLOURS = {"point": "#8c959f", "front": "#0969da", "best": "#1a7f37", "edge": "#afb8c1"}
 
 
 def figure_html(fig: go.Figure, height: int = 420) -> str:

@@ -1,12 +1,13 @@
 """`python -m dashboards.report --study NAME`: one self-contained HTML report of a study.
 
 The file carries plotly.js inline, so it opens offline and can be mailed around; it is also logged
-as an artifact of the study's MLflow run. Sections: best so far (by trial and by device-hours),
-Pareto fronts, parameter importance, the ablation table, the lineage tree (evolution), failures,
-compute accounting, the top trials with links into the MLflow UI, the confirmation runs
-(`search.confirm`), their loss against the budget when they ran under two budgets or more (a
-promotion ladder, `search.confirm --ladder`) and search against hand design (`search.confirm
---baselines`). The statistics are `dashboards.analysis`; this module only lays them out.
+as an artifact of the study's MLflow run. Sections: the screen of a screened study
+(`dashboards.screen`), best so far (by trial and by device-hours), Pareto fronts, parameter
+importance, the ablation table, the lineage tree (evolution), failures, compute accounting, the top
+trials with links into the MLflow UI, the confirmation runs (`search.confirm`), their loss against
+the budget when they ran under two budgets or more (a promotion ladder, `search.confirm --ladder`)
+and search against hand design (`search.confirm --baselines`). The statistics are
+`dashboards.analysis`; this module only lays them out.
 """
 
 from __future__ import annotations
@@ -29,7 +30,21 @@ from dashboards import analysis
 from dashboards.analysis import BELOW_CORRUPTION, BELOW_FLOOR, LOSS, Score
 from dashboards.data import StudyData, load_study
 from dashboards.importance import MIN_TRIALS, param_importance
-from dashboards.page import CSS, esc, figure_html, human, interval, link, num, plural, readable_range, table
+from dashboards.page import (
+    COLOURS,
+    CSS,
+    architecture,
+    esc,
+    figure_html,
+    human,
+    interval,
+    link,
+    num,
+    plural,
+    readable_range,
+    table,
+)
+from dashboards.screen import screen_of, screen_section
 from dashboards.ui import DEFAULT_PORT, LOOPBACK, run_url, runs_url
 from search.base import attrs
 from search.base import tags as tag
@@ -37,10 +52,8 @@ from search.base.states import COMPLETE, FAILED, PRUNED, STATES
 from search.export import budgets_by_preference
 from search.study.next_steps import StudyFlags, baselines, report_path
 from search.study.warm_start import COVER, search_verdict
-from search.tracking.params import params_under
 from search.tracking.retry import first_line
 from search.tracking.stores import study_storage
-from space.arch import ArchConfig, ArchError
 from space.errors import CramnasError
 from trainer.budget import Budget, BudgetError
 from trainer.console import CliParser, one_line_on_ctrl_c
@@ -48,16 +61,6 @@ from trainer.console import CliParser, one_line_on_ctrl_c
 TOP_K = 10
 # How each kind of budget (trainer.budget) reads on an axis.
 BUDGET_UNITS = {"seconds": "seconds", "tokens": "tokens", "flops": "FLOPs", "refs": "reference-core seconds"}
-COLOURS = {"point": "#8c959f", "front": "#0969da", "best": "#1a7f37", "edge": "#afb8c1"}
-
-
-def architecture(row) -> str:
-    """A run's architecture in a few words (`ArchConfig.describe`), from its `params.arch.*`."""
-    arch = params_under(row, "arch")
-    try:
-        return ArchConfig.from_dict(arch).describe() if arch else "?"
-    except ArchError as error:  # an impossible architecture (its trial failed), or a field this version lacks
-        return f"invalid: {error}"
 
 
 def first_draw_mark(row) -> str:
@@ -85,6 +88,14 @@ class Report:
 
     def run_link(self, run_id, text) -> str:
         return link(run_url(self.ui_url, self.data.experiment_id, run_id), text) if isinstance(run_id, str) else esc(text)
+
+    @cached_property
+    def screen_data(self) -> StudyData | None:
+        """The screen this study's trials were promoted from (search.study.screen); None for a study without one."""
+        return screen_of(self.data)
+
+    def screen(self) -> str:
+        return screen_section(self.data, self.screen_data, self.run_link, self.flags)
 
     def no_complete(self) -> str:
         return '<p class="muted">No complete trial yet: nothing to show here.</p>'
@@ -454,6 +465,11 @@ SECTIONS = (  # id, heading, one sentence of what it shows, method
 )
 
 
+# Shown first, only for a screened study (`Report.screen_data`).
+SCREEN = ("screen", "Screen", ("The screen this study's trials were promoted from (search.study.screen): what its two "
+          "stages trained, whether the screen's budget orders the promoted architectures as this study's does, and "
+          "each promoted trial's place in the screen (1: its best complete trial)."), "screen")
+
 # Shown after the confirmation, only when `Report.has_ladder`.
 LADDER = ("ladder", "Loss against budget", ("Each confirmed configuration's validation loss at every budget it "
           "ran under (search.confirm --ladder: the best of each rung go up to the next), with its 95% interval over "
@@ -461,11 +477,13 @@ LADDER = ("ladder", "Loss against budget", ("Each confirmed configuration's vali
 
 
 def sections(report: Report) -> tuple[tuple[str, str, str, str], ...]:
-    """`SECTIONS`, with `LADDER` after the confirmation when there is a ladder to draw."""
+    """`SECTIONS`, with `SCREEN` first for a screened study and `LADDER` after the confirmation when
+    there is a ladder to draw."""
+    shown = SECTIONS if report.screen_data is None else (SCREEN, *SECTIONS)
     if not report.has_ladder():
-        return SECTIONS
-    after = [key for key, _, _, _ in SECTIONS].index("confirmation") + 1
-    return (*SECTIONS[:after], LADDER, *SECTIONS[after:])
+        return shown
+    after = [key for key, _, _, _ in shown].index("confirmation") + 1
+    return (*shown[:after], LADDER, *shown[after:])
 
 
 # The references of a study's header (trainer/references.py): label, study setting.

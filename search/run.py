@@ -75,10 +75,14 @@ def build_parser() -> CliParser:
                           help="no ASHA: every trial runs its full budget (the default)")
     parser.add_argument("--screen", type=int, metavar="N",
                         help="a screened study: every trial crammed whole at 1/N of --budget (study NAME-screen), "
-                             "then the best 1/N of them at --budget (study NAME, which export and confirm read); "
+                             "then the best of them (--promote) at --budget (study NAME, which export and confirm read); "
                              "search/study/screen.py. 1: off (default: the profile's screen.factor from its "
                              "screen.min_trials trials, 4 from 20 in cpu, off in gpu; off with --early-stop; on "
                              "--resume, what the study was started with)")
+    parser.add_argument("--promote", type=int, metavar="M",
+                        help="a screened study promotes the best 1/M of its screen to --budget (default: the "
+                             "profile's screen.promote, 8 in cpu, else N of --screen; on --resume, what the study "
+                             "was started with)")
     parser.add_argument("--no-probe", action="store_true", help="skip the GLUE probe (objective mlm only)")
     parser.add_argument("--save-checkpoints", action="store_true",
                         help="write each trial's trained model to checkpoints/<study>/t0007/ beside the MLflow "
@@ -164,8 +168,8 @@ def load_profile(path: Path) -> dict[str, Any]:
     screen = profile.setdefault("screen", {"factor": 1})
     if not isinstance(screen, dict) or "factor" not in screen:
         raise UsageError(f"--profile: {path.name}: screen must be a mapping with a factor (1: off), such as "
-                         f"{{factor: 4, min_trials: 20}}, got {screen!r}; {fix}")
-    for key, least in (("factor", 1), ("min_trials", 1)):
+                         f"{{factor: 4, promote: 8, min_trials: 20}}, got {screen!r}; {fix}")
+    for key, least in (("factor", 1), ("promote", 1), ("min_trials", 1)):
         value = screen.get(key, least)
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise UsageError(f"--profile: {path.name}: screen.{key} must be a whole number, at least {least}, got "
@@ -258,6 +262,7 @@ class CheckedInputs:
     early_stop: dict[str, Any] | None
     ladder: Any = None  # search.analysis.ladder.Ladder of --ladder or --target, None without
     screen: int = 1  # --screen, else the profile's: 1 for an unscreened study
+    promote: int = 1  # --promote, else the profile's: a screened study promotes the best 1/promote of its screen
 
 
 def check_inputs(args: argparse.Namespace) -> CheckedInputs:
@@ -282,6 +287,8 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
                          "pass --executor ray")
     if args.screen is not None and args.screen < 1:
         raise UsageError(f"--screen: must be at least 1 (1: off), got {args.screen}")
+    if args.promote is not None and args.promote < 1:
+        raise UsageError(f"--promote: must be at least 1 (1: every screened trial), got {args.promote}")
     if args.seed < 0:  # Optuna's samplers take seeds in [0, 2**32)
         raise UsageError(f"--seed: must not be negative, got {args.seed}")
     for flag, amount in (("--cpus-per-trial", args.cpus_per_trial), ("--gpus-per-trial", args.gpus_per_trial)):
@@ -340,7 +347,10 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
                 raise UsageError(f"--data: the probe's GLUE task {task.name} ({profile_path.name}: probe.tasks): "
                                  f"{reason}; add it, drop it from probe.tasks, or pass --no-probe --objective mlm")
         probe = Probe(tuple(task.name for task in tasks), {**profile["probe"]["limits"], "data_dir": args.data})
-    screen = study_screen(args, profile)
+    screen, promote = study_screen(args, profile)
+    if screen == 1 and args.promote is not None:
+        raise UsageError("--promote: only a screened study promotes, and this one is not (--screen 1); pass --screen N "
+                         "too, or drop --promote")
     if screen > 1 and args.early_stop:
         raise UsageError(f"--early-stop: a screened study (--screen {screen}) crams every trial whole at its budget; "
                          "drop --early-stop, or pass --screen 1")
@@ -355,27 +365,37 @@ def check_inputs(args: argparse.Namespace) -> CheckedInputs:
                                                top=ladders.LADDER_TOP))
         ladder = ladders.ladder_of(argparse.Namespace(ladder=args.ladder, target=args.target, eta=None), budget)
     return CheckedInputs(profile_path, profile, objective, space, space_path, budget, train, resources, source, probe,
-                         None if screen > 1 else early_stop, ladder, screen)
+                         None if screen > 1 else early_stop, ladder, screen, promote)
 
 
-def study_screen(args: argparse.Namespace, profile: dict[str, Any]) -> int:
-    """The study's screen factor (search.study.screen; 1: unscreened): --screen; else, resumed, what
-    its stores say it was started with; else none where --early-stop asks for ASHA; else the
-    profile's factor from its min_trials trials (a short look of the first draw is not screened: at
-    a quarter of the budget its trials are all on the plateau, benchmarks/RESULTS.md)."""
-    if args.screen is not None:
-        return args.screen
+def study_screen(args: argparse.Namespace, profile: dict[str, Any]) -> tuple[int, int]:
+    """The study's screen factor (search.study.screen; 1: unscreened) and the share it promotes
+    (the best 1/promote): --screen and --promote; else, resumed, what its stores say it was started
+    with; else none where --early-stop asks for ASHA; else the profile's factor from its min_trials
+    trials (a short look of the first draw is not screened: at a quarter of the budget its trials are
+    all on the plateau, benchmarks/RESULTS.md) and its promote, or the factor where it sets none."""
+    if args.screen is not None and args.promote is not None:
+        return args.screen, args.promote
+    setting = profile["screen"]
+    stored = None
     if args.resume:
         from search.study.screen import stored_screen
         from search.tracking.stores import study_storage
 
         stored = stored_screen(args.study, check_storage(study_storage(args.tracking_uri, args.storage)))
-        if stored is not None:
-            return stored
-    if args.early_stop:
-        return 1
-    setting = profile["screen"]
-    return setting["factor"] if args.trials >= setting.get("min_trials", 1) else 1
+    if args.screen is not None:
+        factor = args.screen
+    elif stored is not None:
+        factor = stored[0]
+    elif args.early_stop:
+        factor = 1
+    else:
+        factor = setting["factor"] if args.trials >= setting.get("min_trials", 1) else 1
+    if args.promote is not None:
+        return factor, args.promote
+    if stored is not None and stored[0] == factor:
+        return stored
+    return factor, setting.get("promote", factor) if factor > 1 else 1
 
 
 def default_study_name(controller: str) -> str:
@@ -451,12 +471,13 @@ def screened_stages(args: argparse.Namespace, checked: CheckedInputs) -> list[ar
     from search.study.screen import promoted_count, screen_budget, screen_name
 
     study = args.study or default_study_name(args.controller)
-    shared = {"early_stop": False, "screen": checked.screen,
-              "resume_flags": f"--study {study} --screen {checked.screen} --resume --trials {args.trials}"}
+    shared = {"early_stop": False, "screen": checked.screen, "promote": checked.promote,
+              "resume_flags": f"--study {study} --screen {checked.screen} --promote {checked.promote} --resume "
+                              f"--trials {args.trials}"}
     screen = argparse.Namespace(**{**vars(args), **shared, "study": screen_name(study),
                                    "budget": screen_budget(checked.budget, checked.screen).text})
     promotion = argparse.Namespace(**{**vars(args), **shared, "study": study, "budget": checked.budget.text,
-                                      "trials": promoted_count(args.trials, checked.screen), "warm_start": "none",
+                                      "trials": promoted_count(args.trials, checked.promote), "warm_start": "none",
                                       "no_cover": True, "promote_from": screen.study})
     return [screen, promotion]
 
@@ -470,13 +491,14 @@ def run_stages(stages: list[argparse.Namespace], checked: CheckedInputs) -> int:
 
     if len(stages) > 1:
         screen, promotion = stages
-        print(f"screened study (--screen {checked.screen}; --screen 1 crams every trial whole): {screen.trials} trials "
-              f"at {screen.budget} in study {screen.study}, then the best {promotion.trials} at {promotion.budget} in "
-              f"study {promotion.study}")
+        print(f"screened study (--screen {checked.screen} --promote {checked.promote}; --screen 1 crams every trial "
+              f"whole): {screen.trials} trials at {screen.budget} in study {screen.study}, then the best "
+              f"{promotion.trials} at {promotion.budget} in study {promotion.study}")
     for stage in stages:
         plan = make_plan(stage, checked if len(stages) == 1 else None)
         if len(stages) > 1 and stage is stages[0]:  # what a resume without --screen reads (study_screen)
             plan.optuna_study.set_user_attr(attrs.SCREEN, checked.screen)
+            plan.optuna_study.set_user_attr(attrs.PROMOTE, checked.promote)
         code = run_study(plan)
         if code:
             return code

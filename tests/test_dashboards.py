@@ -7,8 +7,10 @@ SQLite commits dominate the time to write 200 trials.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import re
 from urllib.parse import unquote
 
 import numpy as np
@@ -23,9 +25,12 @@ from dashboards.analysis import Score
 from dashboards.data import load_study
 from dashboards.importance import param_importance
 from dashboards.page import interval, num
+from dashboards.screen import screen_of
 from search.base.objectives import OBJECTIVES
 from search.tracking.stores import study_storage
-from tests.dashboard_study import CHOICES, UNIGRAM_FLOOR, scratch_store, write_confirmations, write_study
+from search.tracking.tracker import StudyTracker
+from space.arch import ArchConfig
+from tests.dashboard_study import CHOICES, FIXED, TRAIN, UNIGRAM_FLOOR, scratch_store, write_confirmations, write_study
 from tests.helpers import free_port
 
 SECTION_HEADINGS = [title for _, title, _, _ in report.SECTIONS]
@@ -284,6 +289,76 @@ def test_report_confirmation_section(small, tmp_path):
     data = load_study("small", small.uri)
     corr = analysis.rank_correlation(analysis.confirmation_ranking(data.confirmations, data.trials, PROBE_SCORE))
     assert f"Spearman ρ = {num(corr.spearman, 3)}" in page
+
+
+# A screened study (search.study.screen): its screen's trials at 5e11flops, by validation loss (trial 5
+# failed; trial 8 repeats trial 3), and the loss at 2e12flops of the trials promoted from it, in the
+# order they were promoted (the screen's best four: screen trial -> loss).
+SCREEN_LOSSES = [5.6, 5.2, 5.9, 5.0, 5.4, None, 5.1, 5.7]
+PROMOTED = {3: 4.6, 6: 4.4, 1: 4.5, 4: 4.9}
+FLOPS_PER_TOKEN = 5e5
+
+
+def write_stage(uri: str, name: str, budget: str, trials: list[tuple[dict, str, dict, dict]]) -> None:
+    """One stage of a screened study as search.run logs it: a study run, then one trial run per
+    (architecture, state, metrics, tags)."""
+    tracker = StudyTracker(uri, name)
+    tracker.start_study({"controller": "gp", "objective": "mlm", "budget": budget, "train": TRAIN})
+    for number, (arch, state, metrics, tags) in enumerate(trials):
+        run_id = tracker.open_trial_run(number, arch, TRAIN, ArchConfig.from_dict(arch).fingerprint(), tags)
+        tracker.finish_run(run_id, state, metrics)
+    tracker.finish_study()
+
+
+def crammed(loss: float | None, flops: float) -> dict:
+    """The metrics of a trial that trained `flops` FLOPs and ended at `loss` (None: failed, no loss)."""
+    return {"tokens": flops / FLOPS_PER_TOKEN, "flops_per_token": FLOPS_PER_TOKEN, "seconds": 60.0,
+            **({"validation_loss": loss} if loss is not None else {})}
+
+
+def write_screened(uri: str, name: str) -> None:
+    """Study `name` and its screen `name`-screen: `SCREEN_LOSSES`, then `PROMOTED`."""
+    archs = [ArchConfig(**FIXED, layers=layers, hidden=hidden, position=position).to_dict()
+             for layers, hidden, position in itertools.product(CHOICES["layers"], CHOICES["hidden"], CHOICES["position"])]
+    screen = [(archs[n], "complete" if loss else "failed", crammed(loss, 5e11 if loss else 1e11), {})
+              for n, loss in enumerate(SCREEN_LOSSES)]
+    screen.append((archs[3], "repeat", crammed(SCREEN_LOSSES[3], 5e11), {"repeat_of": 3}))
+    write_stage(uri, f"{name}-screen", "5e11flops", screen)
+    write_stage(uri, name, "2e12flops", [(archs[s], "complete", crammed(loss, 2e12), {"promoted_from": s})
+                                          for s, loss in PROMOTED.items()])
+
+
+def cells(section: str) -> list[list[str]]:
+    """The text of each body row's cells of the tables in `section`."""
+    rows = re.findall(r"<tr>(.*?)</tr>", section.split("<tbody>", 1)[1])
+    return [[re.sub(r"<[^>]+>", "", cell) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row)] for row in rows]
+
+
+def test_report_of_a_screened_study_shows_its_screen(store, small, tmp_path):
+    write_screened(store, "pilot")
+    page = report.write_report("pilot", tmp_path / "pilot.html", store, log_artifact=False).read_text()
+    assert page.index('href="#screen"') < page.index('href="#progress"')  # first, before best so far
+    section = page.split('<section id="screen">')[1].split("</section>")[0]
+    assert "<h2>Screen</h2>" in section
+    assert ("Study pilot-screen screened 9 trials, each crammed whole at 5e11flops; 4 of them were promoted "
+            "to this study's budget of 2e12flops.") in section
+    # 7 complete screen trials and a failed one (1e11), the repeat trained nothing; 4 promoted at 2e12.
+    screened, promoted = 7 * 5e11 + 1e11, 4 * 2e12
+    assert f"trained {screened + promoted:.3g} FLOPs" in section
+    assert f"{(screened + promoted) / (4 * screened):.0%} of the {4 * screened:.3g}" in section
+    rho = stats.spearmanr([SCREEN_LOSSES[s] for s in PROMOTED], list(PROMOTED.values())).statistic
+    assert f"over 4 promoted trials: Spearman ρ = {num(rho, 3)}" in section and num(rho, 3) == "0.4"
+    assert section.count('class="plotly-graph-div"') == 1
+    # Best first here; the place in the screen counts its complete trials, the repeat of its best not.
+    assert [row[:5] for row in cells(section)] == [["1", "6", "2", "5.1", "4.4"], ["2", "1", "3", "5.2", "4.5"],
+                                                   ["0", "3", "1", "5", "4.6"], ["3", "4", "4", "5.4", "4.9"]]
+    assert f"python -m dashboards.report --study pilot-screen --tracking-uri {store}" in section
+    # Without a screen in the store, promoted trials are not enough; an unscreened study has no section.
+    write_stage(store, "orphan", "2e12flops", [(ArchConfig(**FIXED).to_dict(), "complete", crammed(4.5, 2e12),
+                                                {"promoted_from": 0})])
+    assert screen_of(load_study("orphan", store)) is None
+    page = report.write_report("small", tmp_path / "small.html", small.uri, log_artifact=False).read_text()
+    assert 'id="screen"' not in page and "<h2>Screen</h2>" not in page
 
 
 # ---- the UI ---------------------------------------------------------------------------------------

@@ -185,11 +185,11 @@ def test_estimate_prints_the_cost_and_what_it_assumed_and_starts_nothing(tmp_pat
     assert wrong.returncode == 2 and wrong.stderr.startswith("error: --ladder: rungs must rise")
     refs = run_estimate("--profile", "cpu", "--data", str(SHARED_DATA), "--budget", "180refs")
     assert refs.returncode == 0 and refs.stderr == "", refs.stderr  # a traceback (KeyError: 'refs') before
-    # Screened by default at 200 trials: the screen at a quarter of 180refs, the promotion at 180refs.
+    # Screened by default at 200 trials: the screen at a quarter of 180refs, its best eighth at 180refs.
     screen, promotion = refs.stdout.split("\npromotion, study ")
     assert screen.startswith("screen, study ") and "\nestimate: 200 trials, " in screen
     assert "assumed: profile cpu.yaml; budget 45refs a trial = " in screen
-    assert "\nestimate: 50 trials, " in promotion and "assumed: profile cpu.yaml; budget 180refs a trial = " in promotion
+    assert "\nestimate: 25 trials, " in promotion and "assumed: profile cpu.yaml; budget 180refs a trial = " in promotion
     no_speed = run_estimate("--profile", "gpu", "--data", str(SHARED_DATA), "--budget", "180refs")
     assert no_speed.returncode == 2 and no_speed.stdout == ""
     assert no_speed.stderr.startswith("error: --estimate: a budget in refs needs costs.flops_per_s in gpu.yaml")

@@ -163,9 +163,10 @@ def test_the_report_has_a_row_for_every_combination(runs):
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-def test_a_screened_study_crams_a_quarter_and_promotes_its_best_quarter(runs):
+def test_a_screened_study_crams_a_quarter_and_promotes_its_best_share(runs):
     """--screen: each trial a whole cram at a quarter of the budget, its final at the whole budget kept
-    for the promotion; the report promotes the best quarter of a prefix and counts both stages."""
+    for the promotion; the report promotes the best quarter of a prefix, then the profile's eighth,
+    and counts both stages."""
     screened = [line for line in map(json.loads, runs["stored"].splitlines()) if line["kind"] == "screened"]
     assert sorted((s["controller"], s["seed"]) for s in screened) == sorted(
         (c, seed) for c in CONTROLLERS for seed in range(SEEDS))
@@ -181,9 +182,16 @@ def test_a_screened_study_crams_a_quarter_and_promotes_its_best_quarter(runs):
         # 40 trials: at most 10 crams' worth screened (repeats are free) and 10 promoted, against ~40 whole
         share = re.fullmatch(r"(\S+) \((\d+)%\)", compute[controller][2])
         assert float(share[1]) <= 20 and int(share[2]) < 60
+    # The profile's share, the best eighth: the same screens, 5 promoted of 40.
+    eighth = runs["report"][runs["report"].index("`--screen 4 --promote 8`"):]
+    assert "`--screen 4 --promote 4`" in runs["report"].split("`--screen 4 --promote 8`")[0]
+    compute = {row[0]: row for row in table(eighth, "| controller | 32 trials | 40 trials | warm-start winner")}
+    for controller in CONTROLLERS:
+        share = re.fullmatch(r"(\S+) \((\d+)%\)", compute[controller][2])
+        assert float(share[1]) <= 15 and int(share[2]) < 45
 
 
-def test_the_promotion_is_the_best_quarter_of_the_screen_and_the_winner_the_best_final():
+def test_the_promotion_is_the_best_share_of_the_screen_and_the_winner_the_best_final():
     sys.path.insert(0, str(SCRIPT.parent))
     from multi_fidelity import promoted, screened_spent, screened_winner
 
@@ -192,10 +200,13 @@ def test_the_promotion_is_the_best_quarter_of_the_screen_and_the_winner_the_best
              "observed": [5.0, 4.1, 4.1, 4.9, 4.0, 5.5, 4.6, 4.7],
              "final": [4.9, 4.3, None, 4.2, 4.4, 4.0, 4.5, 4.6],
              "compute": [0.25, 0.25, 0.0, *[0.25] * 5]}
-    assert promoted(study, 8) == [4, 1] and screened_winner(study, 8) == 1
-    assert screened_spent(study, 8) == pytest.approx(7 * 0.25 + 2)
+    assert promoted(study, 8, 4) == [4, 1] and screened_winner(study, 8, 4) == 1
+    assert screened_spent(study, 8, 4) == pytest.approx(7 * 0.25 + 2)
     # A prefix promotes its own best: of the first 4 trials, one (a quarter of 4).
-    assert promoted(study, 4) == [1] and screened_spent(study, 4) == pytest.approx(3 * 0.25 + 1)
+    assert promoted(study, 4, 4) == [1] and screened_spent(study, 4, 4) == pytest.approx(3 * 0.25 + 1)
+    # Promoting an eighth: one of 8, the screen's best, whose final is not the best promoted above.
+    assert promoted(study, 8, 8) == [4] and screened_winner(study, 8, 8) == 4
+    assert screened_spent(study, 8, 8) == pytest.approx(7 * 0.25 + 1)
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ def test_a_screen_trial_gets_a_share_of_the_budget_and_the_best_share_goes_on():
     assert screen_budget(Budget.parse("2e12flops"), 4).text == "5e11flops"
     assert screen_budget(Budget.parse("2e4tokens"), 3).amount == pytest.approx(2e4 / 3, rel=1e-5)
     assert [promoted_count(trials, 4) for trials in (1, 4, 5, 32, 200)] == [1, 1, 2, 8, 50]
+    assert [promoted_count(trials, 8) for trials in (1, 9, 32, 200)] == [1, 2, 4, 25]
 
 
 def screen_study(values: list[float], repeat: int | None = None) -> optuna.Study:
@@ -79,6 +80,12 @@ def test_a_screened_study_refuses_early_stopping_in_one_line(capsys):
     assert err.count("\n") == 0 and "--early-stop" in err and "--screen 4" in err
     assert main(["--screen", "0", "--trials", "8", "--estimate"]) == 2
     assert "--screen: must be at least 1" in capsys.readouterr().err
+    assert main(["--promote", "0", "--screen", "4", "--trials", "32", "--estimate"]) == 2
+    assert "--promote: must be at least 1" in capsys.readouterr().err
+    # The short look is not screened, so it has nothing to promote.
+    assert main(["--promote", "4", "--trials", "8", "--profile", "cpu", "--no-probe", "--estimate"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: --promote: only a screened study promotes")
 
 
 def test_the_cpu_profile_screens_a_search_but_not_a_short_look(capsys):
@@ -88,33 +95,46 @@ def test_the_cpu_profile_screens_a_search_but_not_a_short_look(capsys):
         assert main(["--budget", "2e12flops", "--no-probe", "--profile", "cpu", "--estimate", *flags]) == 0
         return [line for line in capsys.readouterr().out.splitlines() if line.startswith("estimate: ")]
 
-    assert stages("--trials", "32") == [stages("--trials", "32", "--screen", "4")[0], stages("--trials", "8")[0]]
+    # The promotion: the best eighth, the profile's screen.promote; --promote 4 a quarter.
+    assert stages("--trials", "32") == [stages("--trials", "32", "--screen", "4")[0], stages("--trials", "4")[0]]
+    assert stages("--trials", "32", "--promote", "4")[1] == stages("--trials", "8")[0]
+    assert "25 trials" in stages("--trials", "200")[1]
     assert len(stages("--trials", "19")) == 1 and len(stages("--trials", "20")) == 2
     assert stages("--trials", "32", "--screen", "1") == stages("--trials", "32", "--no-early-stop", "--screen", "1")
     assert len(stages("--trials", "32", "--early-stop")) == 1
 
 
 def test_a_resume_reads_the_screen_its_study_was_started_with(tmp_path):
-    """Without --screen, a resume takes its study's stored screen, not the profile's: an unscreened
-    study stays one when resumed to 32 trials, a screen's recorded factor is kept."""
+    """Without --screen and --promote, a resume takes its study's stored screen, not the profile's: an
+    unscreened study stays one when resumed to 32 trials, a screen's recorded factor and share are
+    kept, and a screen recorded before the share was promoted the best 1/factor, as it did then."""
     from search.run import check_inputs, parse_args
 
     storage = f"sqlite:///{tmp_path}/optuna.db"
     controllers.open_study("plain", storage, "random", "mlm", SPACE, seed=0)
     controllers.open_study("thirds-screen", storage, "random", "mlm", SPACE, seed=0).set_user_attr(attrs.SCREEN, 3)
-    screen = lambda study: check_inputs(parse_args(["--profile", "cpu", "--budget", "2e12flops", "--no-probe",
-                                                    "--trials", "32", "--study", study, "--resume",
-                                                    "--storage", storage])).screen
-    assert (screen("plain"), screen("thirds"), screen("new")) == (1, 3, 4)
+    halves = controllers.open_study("halves-screen", storage, "random", "mlm", SPACE, seed=0)
+    halves.set_user_attr(attrs.SCREEN, 2)
+    halves.set_user_attr(attrs.PROMOTE, 5)
+
+    def screen(study: str, *flags: str) -> tuple[int, int]:
+        checked = check_inputs(parse_args(["--profile", "cpu", "--budget", "2e12flops", "--no-probe", "--trials", "32",
+                                           "--study", study, "--resume", "--storage", storage, *flags]))
+        return checked.screen, checked.promote
+
+    assert [screen(study) for study in ("plain", "thirds", "halves", "new")] == [(1, 1), (3, 3), (2, 5), (4, 8)]
+    assert screen("thirds", "--screen", "3") == (3, 3) and screen("thirds", "--promote", "6") == (3, 6)
+    assert screen("thirds", "--screen", "4") == (4, 8)  # another screen than it was started with: the profile's share
 
 
-@pytest.mark.parametrize("setting", ["4", "{factor: 0}", "{factor: 4, min_trials: twenty}"])
+@pytest.mark.parametrize("setting", ["4", "{factor: 0}", "{factor: 4, min_trials: twenty}", "{factor: 4, promote: 0}"])
 def test_a_profiles_bad_screen_is_one_line_naming_the_field(tmp_path, setting):
     from search.run import load_profile
 
     cpu = (PROFILES / "cpu.yaml").read_text()
     path = tmp_path / "mine.yaml"
-    path.write_text(cpu.replace("screen: {factor: 4, min_trials: 20}", f"screen: {setting}"))
+    assert "screen: {factor: 4, promote: 8, min_trials: 20}" in cpu
+    path.write_text(cpu.replace("screen: {factor: 4, promote: 8, min_trials: 20}", f"screen: {setting}"))
     with pytest.raises(UsageError, match=r"^--profile: mine.yaml: screen") as error:
         load_profile(path)
     assert "\n" not in str(error.value)
@@ -126,7 +146,7 @@ def test_a_screened_estimate_prices_both_stages(capsys):
     out = capsys.readouterr().out
     screen, promotion = out.split("promotion, study ")
     assert "screen, study " in screen and "-screen:" in screen and "32 trials" in screen and "5e11flops" in screen
-    assert "8 trials" in promotion and "2e12flops" in promotion
+    assert "4 trials" in promotion and "2e12flops" in promotion
 
 
 @requires_shared_data
@@ -139,7 +159,7 @@ def test_a_screened_study_runs_its_screen_whole_then_promotes_and_resumes(wiki_s
                                      "--no-probe", "--executor", "local", *extra, cache_dir=slice_cache)
     assert main(args("--trials", "5", "--screen", "3")) == 0
     out = capsys.readouterr().out
-    assert "screened study (--screen 3; --screen 1 crams every trial whole): 5 trials at 6666.67tokens in study " \
+    assert "screened study (--screen 3 --promote 3; --screen 1 crams every trial whole): 5 trials at 6666.67tokens in study " \
            "scr-screen, then the best 2 at 2e4tokens in study scr" in out
     screen, _ = check_stores_agree(tmp_path, "scr-screen", 5)
     study, runs = check_stores_agree(tmp_path, "scr", 2)
@@ -156,8 +176,8 @@ def test_a_screened_study_runs_its_screen_whole_then_promotes_and_resumes(wiki_s
     assert f"promoted to 2e4tokens: the screen's trials {best[0]}, {best[1]}, best first (study scr-screen)" in out
     assert "screened study: " in out and "python -m search.confirm --study scr " in out
 
-    # Resumed without --screen: the screen's recorded factor, not the tiny profile's (none).
-    assert screen.user_attrs[attrs.SCREEN] == 3
+    # Resumed without --screen: the screen's recorded factor and share, not the tiny profile's (none).
+    assert (screen.user_attrs[attrs.SCREEN], screen.user_attrs[attrs.PROMOTE]) == (3, 3)
     assert main(args("--trials", "7", "--resume")) == 0
     screen, _ = check_stores_agree(tmp_path, "scr-screen", 7)
     study, _ = check_stores_agree(tmp_path, "scr", 3)

@@ -29,3 +29,4 @@ CONTROLLER, OBJECTIVE, SPACE, SEED = "controller", "objective", "space", "seed" 
 TRAIN, BUDGET = "train", "budget"  # TrainConfig.to_dict() and the budget's text, for search.export
 STARTUP = "startup_trials"  # the first draw's size: the samplers' start-up, read again on --resume
 SCREEN = "screen"  # a screened study's screen: its factor N (search.study.screen), read again on --resume
+PROMOTE = "promote"  # and the share it promotes, the best 1/M; a screen without it promoted 1/N

@@ -1,9 +1,9 @@
-"""A screened study (`search.run --screen N`): successive halving over budgets in one bracket, each
-rung a whole cram at its own budget and schedule.
+"""A screened study (`search.run --screen N --promote M`): successive halving over budgets in one
+bracket, each rung a whole cram at its own budget and schedule.
 
     screen:     study NAME-screen, every one of --trials trials crammed whole at 1/N of --budget,
                 with the controller, warm starts and covering design of any study
-    promotion:  study NAME, the best ceil(trials/N) distinct architectures of the screen crammed at
+    promotion:  study NAME, the best ceil(trials/M) distinct architectures of the screen crammed at
                 --budget, one trial each (user attribute `promoted_from`: the screen's trial)
 
 The controller models whole crams only, every trial of the screen complete at its budget, so early
@@ -11,10 +11,13 @@ stopping hides nothing from it (issue 38). Why rungs of whole crams rather than 
 reports: over the default studies' 87 architectures, a cram at a quarter of 2e12 FLOPs ranks the
 final loss with Spearman 0.92, where the in-run report at the same share, read in the ramp of the
 budget-shaped learning rate, gives 0.86 (benchmarks/RESULTS.md, "Rungs over budgets"). Run for real
-at 32 trials (3 seeds) and 200 it spent half the FLOPs of the unscreened study and kept winners
-worth 2.2x to more than 8x sized-cpu's compute ("Screened studies, run for real"), so the CPU
-profile screens from 20 trials by default (its `screen`; search.run.study_screen).
-NAME is an ordinary study at --budget: export, confirm, the report and the ladder read it unchanged.
+at 32 trials (3 seeds) and 200, promoting the best quarter spent half the FLOPs of the unscreened
+study and kept winners worth 2.2x to 10.6x sized-cpu's compute; each winner was among its
+screen's best eighth, so promoting an eighth keeps them for 37.5% ("Screened studies, run for
+real"). The CPU profile screens from 20 trials by default and promotes an eighth (its `screen`;
+search.run.study_screen).
+NAME is an ordinary study at --budget: export, confirm and the ladder read it unchanged, and its
+report (dashboards.screen) shows where its trials came from in the screen.
 A promoted trial keeps the screen trial's first-draw marks, so a study whose best is a promoted warm
 start still says that the search found nothing better than it.
 """
@@ -48,19 +51,22 @@ def screen_budget(budget: Budget, screen: int) -> Budget:
     return multiple_of(budget, 1 / screen)
 
 
-def stored_screen(study: str, storage: str) -> int | None:
-    """Study `study`'s screen factor as `storage` holds it, for a resume that does not say: the one
-    recorded on its screen, 1 for a study without one, None for a study not there (or a screen of
-    before the factor was recorded): the profile's default applies."""
+def stored_screen(study: str, storage: str) -> tuple[int, int] | None:
+    """Study `study`'s screen factor and promoted share as `storage` holds them, for a resume that does
+    not say: the ones recorded on its screen (a screen recorded before the share was promoted the
+    best 1/factor), (1, 1) for a study without one, None for a study not there (or a screen of before
+    the factor was recorded): the profile's default applies."""
     names = set(optuna.study.get_all_study_names(storage))
     if screen_name(study) in names:
-        return optuna.load_study(study_name=screen_name(study), storage=storage).user_attrs.get(attrs.SCREEN)
-    return 1 if study in names else None
+        recorded = optuna.load_study(study_name=screen_name(study), storage=storage).user_attrs
+        factor = recorded.get(attrs.SCREEN)
+        return None if factor is None else (factor, recorded.get(attrs.PROMOTE, factor))
+    return (1, 1) if study in names else None
 
 
-def promoted_count(trials: int, screen: int) -> int:
-    """How many of a screen of `trials` go on to the whole budget: the best 1/`screen`, at least one."""
-    return max(1, math.ceil(trials / screen))
+def promoted_count(trials: int, promote: int) -> int:
+    """How many of a screen of `trials` go on to the whole budget: the best 1/`promote`, at least one."""
+    return max(1, math.ceil(trials / promote))
 
 
 def ranked_screen(screen: optuna.Study) -> list[optuna.trial.FrozenTrial]:
