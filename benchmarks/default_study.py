@@ -5,7 +5,9 @@ ranks the final loss (the measurement behind early stopping's default). The comm
 bracket-sS-screen); with every trial crammed whole, the default before it and now `--screen 1`
 (studies default-sS); with `--early-stop` (studies early-sS), what it spent against every trial
 run to its end; the controller benchmark's lead, `--controller tpe --early-stop --trials 62` at
-seed 0 (lead-tpe-early). The 200-trial command likewise: bracket-200 and default-200.
+seed 0 (lead-tpe-early). The 200-trial command likewise: bracket-200 and default-200. Since
+2026-12-08 the profile promotes an eighth (`--promote 8`): the bracket studies' promotions run again
+so (eighth-sS), and the command with nothing changed at a seed no other study ran (fresh-sS).
 
     # after  python -m search.run --trials 32 --budget 2e12flops --data ../shared/data --no-probe --seed S --study default-sS
     # and    python -m search.confirm --study default-sS --top 1 --seeds 3 --baselines sized-cpu --data ../shared/data
@@ -13,6 +15,7 @@ seed 0 (lead-tpe-early). The 200-trial command likewise: bracket-200 and default
     #        --study bracket-sS, or --early-stop --study early-sS)
     python benchmarks/default_study.py export --study default-s0 --storage sqlite:///optuna.db --tracking-uri sqlite:///mlflow.db
     python benchmarks/default_study.py export --study bracket-s0-screen --storage sqlite:///optuna.db   # no confirmations
+    # (likewise fresh-s3 and fresh-s3-screen: --seed 3 --study fresh-s3, today's defaults)
     # the screened studies' promotions again with the CPU default's share, from a copy of each screen
     python benchmarks/default_study.py restore --study bracket-s1-screen --as eighth-s1-screen --storage sqlite:///optuna.db
     #        python -m search.run --trials 32 --budget 2e12flops --data ../shared/data --no-probe --seed 1 \
@@ -210,7 +213,8 @@ def read(path: Path) -> list[dict]:
 def studies(kind: str = "default", crams: Path = CRAMS) -> dict[str, list[dict]]:
     """The studies `<kind>-sS` (default: the README's command with every trial crammed whole, the
     default until 2026-12-07; early: with --early-stop; bracket: screened, --screen 4 --promote 4,
-    the promotion's trials; eighth: their promotions run again with --promote 8), by name."""
+    the promotion's trials; eighth: their promotions run again with --promote 8; fresh: the
+    command with the defaults since 2026-12-08 at a seed no other study ran), by name."""
     return {path.stem: read(path) for path in sorted(crams.glob(f"{kind}-s[0-9]*.csv"))
             if not path.stem.endswith(("-confirm", SCREEN_SUFFIX))}
 
@@ -666,6 +670,11 @@ def report() -> str:
         reruns = {name: rows for name, rows in studies("eighth").items() if name.replace("eighth", "bracket") in screened}
         if reruns:
             sections += [f"### The promotions run again with --promote {DEFAULT_PROMOTE}", rerun_table(reruns, screened)]
+    fresh = studies("fresh")
+    if fresh:
+        sections += ["### A seed no earlier study ran, with today's defaults (fresh-sS)", screened_table(fresh),
+                     "### Its winner confirmed", confirmation_table(with_screens(fresh)),
+                     "### Issue 38's target", target_table(with_screens(fresh))]
     unscreened = {**all_rows, **long_rows}
     if unscreened:
         sections += ["### Issue 38's target, every trial crammed whole (--screen 1)", target_table(unscreened)]

@@ -166,6 +166,11 @@ def test_the_results_tables_come_from_the_stored_crams_alone(tmp_path):
     assert "| eighth-s1 | bracket-s1-screen | 4 | yes | 0.0e+00 | 3 1x32/4h silu pre-norm rotary untied | 4.3272 |" \
         in eighth
     assert "| at most 60% of the FLOPs of every trial run to its end | met: 38% | met: 38% | met: 38% | met: 38% |" in eighth
+    # A seed no earlier study ran, with today's defaults: its screen and promotion together, its target.
+    fresh = out.stdout[out.stdout.index("### A seed no earlier study ran"):]
+    assert "| fresh-s3 | 32 | 5.437 | 4 | 0 1x32/1h gelu sandwich-norm rotary untied | 4.374 | 1 of 32 |" in fresh
+    assert "| fresh-s3 | trial 0 | 4.437 ± 0.029 | 4.955 ± 0.126 | -0.518 ± 0.136, outside noise | 2.0x | 15.0 | 15.0 |" \
+        in fresh and "| pays back within 10 final runs | not met: 15.0 |" in fresh
     # The 200-trial study, read at 32, 64, ... trials as far as it has run (trials cut short left out).
     assert "### The 200-trial study (default-200)" in out.stdout
     assert "| 32 | 31 | 29 1x32/2h silu sandwich-norm rotary | 4.172 |" in out.stdout
