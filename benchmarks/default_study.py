@@ -584,17 +584,16 @@ def screened_table(all_rows: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
-def rerun_table(reruns: dict[str, list[dict]], screened: dict[str, list[dict]]) -> str:
+def rerun_table(reruns: dict[str, list[dict]], share: dict[str, list[dict]]) -> str:
     """The promotions run again with the profile's share (`search.run ... --promote 8 --resume` on a
     copy of each real screen, studies eighth-sS) beside the crams `best_share` reads from the
     studies that promoted more: the same architectures, and their losses apart by no more than the
-    CPU's arithmetic."""
+    CPU's arithmetic. `share`: those studies' promoted trials that `best_share` keeps, by study."""
     lines = ["| study | its screen | promoted | the same architectures as the stored share | largest loss difference "
              "| best trial | its loss | the stored share's best |", "|---|---|---|---|---|---|---|---|"]
     for name, rows in reruns.items():
         source = name.replace("eighth", "bracket")
-        stored = {row["arch"]: row for row in best_share(screened[source], read(CRAMS / f"{source}{SCREEN_SUFFIX}.csv"),
-                                                         DEFAULT_PROMOTE)}
+        stored = {row["arch"]: row for row in share[source]}
         done = trained(rows)
         same = {row["arch"] for row in done} == set(stored)
         gap = max(abs(float(row["validation_loss"]) - float(stored[row["arch"]]["validation_loss"]))
@@ -669,7 +668,7 @@ def report() -> str:
                      "### Issue 38's target", target_table(with_screens(share))]
         reruns = {name: rows for name, rows in studies("eighth").items() if name.replace("eighth", "bracket") in screened}
         if reruns:
-            sections += [f"### The promotions run again with --promote {DEFAULT_PROMOTE}", rerun_table(reruns, screened)]
+            sections += [f"### The promotions run again with --promote {DEFAULT_PROMOTE}", rerun_table(reruns, share)]
     fresh = studies("fresh")
     if fresh:
         sections += ["### A seed no earlier study ran, with today's defaults (fresh-sS)", screened_table(fresh),
